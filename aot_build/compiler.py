@@ -1,0 +1,113 @@
+"""Compiles one variant with triton.compile (no GPU needed) and caches the result.
+
+The cache key covers everything that changes the binary: the source of every
+kernel file, the variant (constants, warps, stages, arch, dtype), the signature
+and the Triton version. A rebuild with nothing changed reads only the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .grid import Variant
+from .signatures import runtime_params, triton_signature
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNEL_DIR = REPO_ROOT / "triton_src"
+
+
+class BuildError(RuntimeError):
+    """A variant cannot be built as configured (e.g. it needs more shared memory than its arch has)."""
+
+
+@dataclass
+class Artifact:
+    variant: Variant
+    cubin: bytes
+    ptx: str
+    meta: dict          # name, shared, num_warps, scratch sizes, params
+    seconds: float
+    cached: bool
+
+
+def _kernel_source_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(KERNEL_DIR.rglob("*.py")):
+        h.update(path.relative_to(KERNEL_DIR).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(variant: Variant, triton_version: str, source_digest: str) -> str:
+    blob = json.dumps({
+        "source": source_digest, "variant": repr(variant), "triton": triton_version,
+        "line_info": "disabled", "format": 1,
+    }, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("FATTN_AOT_CACHE", REPO_ROOT / "build" / "aot_cache"))
+
+
+def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None = None,
+                    source_digest: str | None = None) -> Artifact:
+    # Line info would embed absolute paths of this machine in the binaries.
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    source_digest = source_digest or _kernel_source_digest()
+    entry_dir = cache_dir / cache_key(variant, triton.__version__, source_digest)
+    start = time.time()
+    if (entry_dir / "meta.json").exists():
+        meta = json.loads((entry_dir / "meta.json").read_text())
+        cubin = (entry_dir / "kernel.cubin").read_bytes()
+        ptx = (entry_dir / "kernel.ptx").read_text()
+        cached = True
+    else:
+        # Keep Triton's own cache inside ours so builds never touch ~/.triton.
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+        fn = getattr(importlib.import_module(variant.source), variant.kernel)
+        signature, attrs = triton_signature(fn, variant.kernel, variant.dtype)
+        src = ASTSource(fn, signature, variant.constant_dict, attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
+                                  options={"num_warps": variant.num_warps,
+                                           "num_stages": variant.num_stages})
+        md = compiled.metadata
+        meta = {
+            "name": md.name, "shared": md.shared, "num_warps": md.num_warps,
+            "num_stages": md.num_stages,
+            "global_scratch_size": md.global_scratch_size,
+            "global_scratch_align": md.global_scratch_align,
+            "profile_scratch_size": md.profile_scratch_size,
+            "profile_scratch_align": md.profile_scratch_align,
+            "params": runtime_params(signature),
+            "triton_version": triton.__version__,
+        }
+        cubin, ptx = compiled.asm["cubin"], compiled.asm["ptx"]
+        tmp = entry_dir.with_name(entry_dir.name + f".tmp{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "kernel.cubin").write_bytes(cubin)
+        (tmp / "kernel.ptx").write_text(ptx)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            tmp.rename(entry_dir)  # atomic: a half-written entry is never seen
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another build won the race, same content
+        cached = False
+    if meta["shared"] > shared_limit:
+        raise BuildError(
+            f"{variant.label}: needs {meta['shared']} bytes of shared memory but sm{variant.arch} "
+            f"allows {shared_limit}; shrink BLOCK_M/BLOCK_N/num_stages for this arch in "
+            f"aot_build/configs.json")
+    return Artifact(variant, cubin, ptx, meta, time.time() - start, cached)

@@ -1,0 +1,100 @@
+"""The variant grid: which (kernel, arch, dtype, head-dim bucket, flags, config) get compiled.
+
+The grid itself is data (configs.json beside this file); this module only reads it,
+applies the FATTN_CUDA_ARCHS / FATTN_HEAD_DIMS narrowing and expands the product.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_PATH = Path(__file__).with_name("configs.json")
+DEFAULT_ARCHS = "75;80;86;89;90"
+
+
+class GridError(ValueError):
+    """A knob or the config file asks for something the grid cannot provide."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    kernel: str                 # Triton function name, e.g. "attn_fwd"
+    source: str                 # module holding it, e.g. "triton_src.forward"
+    arch: int                   # compute capability as 10*major+minor
+    dtype: str                  # Triton element type of the tensors: fp16 / bf16
+    constants: tuple            # ((name, value), ...) every constexpr of the kernel
+    num_warps: int
+    num_stages: int
+
+    @property
+    def constant_dict(self) -> dict:
+        return dict(self.constants)
+
+    @property
+    def label(self) -> str:
+        flags = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.constants)
+        return f"{self.kernel} sm{self.arch} {self.dtype} {flags} w{self.num_warps} s{self.num_stages}"
+
+
+def load_config(path: Path = CONFIG_PATH) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _parse_int_list(text: str, knob: str) -> list[int]:
+    items = [t.strip() for t in text.replace(",", ";").split(";") if t.strip()]
+    try:
+        return [int(t.lower().removeprefix("sm_").removeprefix("sm")) for t in items]
+    except ValueError:
+        raise GridError(f"{knob}={text!r}: expected a ';'-separated list of integers") from None
+
+
+def selected_archs(config: dict, env: dict | None = None) -> list[int]:
+    env = os.environ if env is None else env
+    archs = _parse_int_list(env.get("FATTN_CUDA_ARCHS", DEFAULT_ARCHS), "FATTN_CUDA_ARCHS")
+    known = config["archs"]
+    bad = [a for a in archs if a not in known]
+    if bad or not archs:
+        raise GridError(f"FATTN_CUDA_ARCHS asks for {bad or 'nothing'}; supported archs are {known}")
+    return sorted(set(archs))
+
+
+def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
+    env = os.environ if env is None else env
+    buckets = kernel_cfg["head_dim_buckets"]
+    text = env.get("FATTN_HEAD_DIMS")
+    if not text:
+        return list(buckets)
+    chosen = set()
+    for d in _parse_int_list(text, "FATTN_HEAD_DIMS"):
+        fitting = [b for b in buckets if b >= d]
+        if d <= 0 or not fitting:
+            raise GridError(f"FATTN_HEAD_DIMS asks for head dim {d}; buckets are {buckets}")
+        chosen.add(fitting[0])  # a head dim is served by the smallest bucket that holds it
+    return sorted(chosen)
+
+
+def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]:
+    """All variants to build, in a stable order."""
+    config = load_config() if config is None else config
+    archs = selected_archs(config, env)
+    variants = []
+    for kernel, kcfg in config["kernels"].items():
+        buckets = selected_buckets(kcfg, env)
+        flag_names = list(kcfg["flags"])
+        for arch, dtype, bucket in itertools.product(archs, kcfg["dtypes"], buckets):
+            try:
+                tile = dict(kcfg["configs"][str(arch)][str(bucket)])
+            except KeyError:
+                raise GridError(f"configs.json: {kernel} has no config for sm{arch} head-dim bucket {bucket}")
+            num_warps = tile.pop("num_warps")
+            num_stages = tile.pop("num_stages")
+            for flag_values in itertools.product(*(kcfg["flags"][n] for n in flag_names)):
+                constants = dict(tile, BLOCK_D=bucket, **dict(zip(flag_names, flag_values)))
+                variants.append(Variant(kernel, kcfg["source"], arch, dtype,
+                                        tuple(sorted(constants.items())), num_warps, num_stages))
+    return variants

@@ -1,0 +1,51 @@
+"""Triton types of each kernel's runtime parameters, and the alignment promises we make.
+
+Triton specializes on what it knows about arguments: a pointer known to be 16-byte
+aligned and a stride known to be a multiple of 8 elements let it emit 16-byte
+vector loads. The C++ op keeps these promises (it checks alignment before the
+launch and copies an input that breaks them), so they are declared here once.
+"""
+
+from __future__ import annotations
+
+# "*T" marks a pointer whose element type is the variant's dtype.
+_FORWARD = {
+    "Q": "*T", "K": "*T", "V": "*T", "Out": "*T", "Lse": "*fp32",
+    **{f"stride_{t}{d}": "i64" for t in "qkvo" for d in "bsh"},
+    "seqlen_q": "i32", "seqlen_k": "i32", "num_heads": "i32", "kv_group_size": "i32",
+    "head_dim": "i32",
+    "qk_scale": "fp32",
+}
+_FORWARD_ALIGNED = {
+    **{p: 16 for p in ("Q", "K", "V", "Out", "Lse")},
+    **{f"stride_{t}{d}": 8 for t in "qkvo" for d in "bsh"},
+    "head_dim": 8,
+}
+
+SIGNATURES = {"attn_fwd": (_FORWARD, _FORWARD_ALIGNED)}
+
+
+def triton_signature(kernel_fn, kernel: str, dtype: str) -> tuple[dict, dict]:
+    """(signature, attrs) for triton.compile's ASTSource; constexprs are marked "constexpr"."""
+    types, aligned = SIGNATURES[kernel]
+    names = kernel_fn.arg_names
+    unknown = set(types) - set(names)
+    if unknown:
+        raise KeyError(f"signatures.py names parameters {sorted(unknown)} that {kernel} does not have")
+    signature, attrs = {}, {}
+    for index, name in enumerate(names):
+        ty = types.get(name, "constexpr")
+        signature[name] = ty.replace("*T", "*" + dtype)
+        if name in aligned:
+            attrs[(index,)] = [["tt.divisibility", aligned[name]]]
+    return signature, attrs
+
+
+def runtime_params(signature: dict) -> list[tuple[str, str]]:
+    """The launch ABI: the non-constexpr parameters in order, as (name, C type class)."""
+    out = []
+    for name, ty in signature.items():
+        if ty == "constexpr":
+            continue
+        out.append((name, "ptr" if ty.startswith("*") else ty))
+    return out

@@ -1,0 +1,125 @@
+#include "ops/attention_inputs.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace fattn::ops {
+namespace {
+
+using torch::headeronly::ScalarType;
+
+template <typename... Parts>
+[[noreturn]] void fail(const char* op, const Parts&... parts) {
+  std::ostringstream message;
+  message << op << ": ";
+  (message << ... << parts);
+  throw std::runtime_error(message.str());
+}
+
+std::string shape_of(const torch::stable::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+bool dtype_supported(const torch::stable::Tensor& t) {
+  ScalarType s = t.scalar_type();
+  if (s == ScalarType::Half || s == ScalarType::BFloat16) return true;
+  // The CPU implementation is the semantic reference; it also takes fp32/fp64
+  // so that references and gradcheck can run in full precision.
+  return t.is_cpu() && (s == ScalarType::Float || s == ScalarType::Double);
+}
+
+}  // namespace
+
+std::string dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    default: return torch::headeronly::toString(t);
+  }
+}
+
+std::string device_name(const torch::stable::Tensor& t) {
+  if (t.is_cuda()) return "cuda:" + std::to_string(t.get_device_index());
+  if (t.is_cpu()) return "cpu";
+  return "a device other than cpu or cuda";
+}
+
+AttentionShape check_attention_inputs(const char* op, const torch::stable::Tensor& q,
+                                      const torch::stable::Tensor& k,
+                                      const torch::stable::Tensor& v,
+                                      std::optional<double> softmax_scale) {
+  const char* names[] = {"q", "k", "v"};
+  const torch::stable::Tensor* tensors[] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    const auto& t = *tensors[i];
+    if (t.dim() != 4) {
+      fail(op, names[i], " must be a 4-D tensor [batch, seqlen, heads, head_dim], got shape ",
+           shape_of(t));
+    }
+    if (!t.is_cuda() && !t.is_cpu()) fail(op, names[i], " must be a CUDA or CPU tensor");
+  }
+  for (int i = 1; i < 3; ++i) {
+    const auto& t = *tensors[i];
+    if (device_name(t) != device_name(q)) {
+      fail(op, names[i], " is on ", device_name(t), " but q is on ", device_name(q),
+           "; q, k and v must be on one device");
+    }
+  }
+  if (!dtype_supported(q)) {
+    fail(op, "q has dtype ", dtype_name(q.scalar_type()), "; expected float16 or bfloat16",
+         q.is_cpu() ? " (or float32/float64 on CPU)" : "");
+  }
+  for (int i = 1; i < 3; ++i) {
+    const auto& t = *tensors[i];
+    if (t.scalar_type() != q.scalar_type()) {
+      fail(op, names[i], " has dtype ", dtype_name(t.scalar_type()), " but q has ",
+           dtype_name(q.scalar_type()), "; q, k and v must share one dtype");
+    }
+  }
+  AttentionShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
+  for (int i = 1; i < 3; ++i) {
+    if (tensors[i]->size(0) != s.batch) {
+      fail(op, names[i], " has batch size ", tensors[i]->size(0), " but q has ", s.batch);
+    }
+  }
+  if (v.size(1) != k.size(1) || v.size(2) != k.size(2)) {
+    fail(op, "v has shape ", shape_of(v), " but k has ", shape_of(k),
+         "; k and v must agree on seqlen and heads");
+  }
+  for (int i = 1; i < 3; ++i) {
+    if (tensors[i]->size(3) != s.head_dim) {
+      fail(op, names[i], " has head_dim ", tensors[i]->size(3), " but q has ", s.head_dim,
+           "; q, k and v must share one head_dim");
+    }
+  }
+  if (s.head_dim < 8 || s.head_dim > kMaxHeadDim || s.head_dim % 8 != 0) {
+    fail(op, "head_dim ", s.head_dim, " is not supported; expected a multiple of 8 from 8 to ",
+         kMaxHeadDim);
+  }
+  if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) {
+    fail(op, "q has ", s.heads, " heads, which is not a multiple of the ", s.kv_heads,
+         " heads of k and v (GQA/MQA needs q heads = group size x kv heads)");
+  }
+  for (int i = 0; i < 3; ++i) {
+    const auto& t = *tensors[i];
+    if (t.stride(3) != 1) {
+      fail(op, names[i], " must have a contiguous last dim (stride 1), got stride ", t.stride(3),
+           "; call .contiguous() first");
+    }
+  }
+  if (softmax_scale.has_value() && !std::isfinite(*softmax_scale)) {
+    fail(op, "softmax_scale must be a finite number, got ", *softmax_scale);
+  }
+  return s;
+}
+
+double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim) {
+  return softmax_scale.has_value() ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+}  // namespace fattn::ops

@@ -1,0 +1,135 @@
+#include "runtime/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+namespace fattn::cuda {
+namespace {
+
+template <typename Fn>
+void resolve(void* lib, const char* name, Fn& slot) {
+  void* sym = dlsym(lib, name);
+  if (sym == nullptr) {
+    throw std::runtime_error(std::string("fattn: libcuda.so.1 has no symbol ") + name +
+                             " (the NVIDIA driver is too old)");
+  }
+  slot = reinterpret_cast<Fn>(sym);
+}
+
+Driver load_driver() {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* err = dlerror();
+    throw std::runtime_error(std::string("fattn: cannot open the CUDA driver libcuda.so.1: ") +
+                             (err ? err : "unknown error") +
+                             ". CUDA tensors need an NVIDIA driver; CPU tensors do not.");
+  }
+  Driver d{};
+  resolve(lib, "cuInit", d.cuInit);
+  resolve(lib, "cuGetErrorName", d.cuGetErrorName);
+  resolve(lib, "cuGetErrorString", d.cuGetErrorString);
+  resolve(lib, "cuDeviceGet", d.cuDeviceGet);
+  resolve(lib, "cuDeviceGetAttribute", d.cuDeviceGetAttribute);
+  resolve(lib, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain);
+  resolve(lib, "cuCtxGetCurrent", d.cuCtxGetCurrent);
+  // The _v2 names are the current ABI of these two; the plain names are legacy.
+  resolve(lib, "cuCtxPushCurrent_v2", d.cuCtxPushCurrent);
+  resolve(lib, "cuCtxPopCurrent_v2", d.cuCtxPopCurrent);
+  resolve(lib, "cuModuleLoadData", d.cuModuleLoadData);
+  resolve(lib, "cuModuleGetFunction", d.cuModuleGetFunction);
+  resolve(lib, "cuFuncSetAttribute", d.cuFuncSetAttribute);
+  resolve(lib, "cuLaunchKernel", d.cuLaunchKernel);
+  check(d.cuInit(0), "cuInit");
+  return d;
+}
+
+}  // namespace
+
+const Driver& driver() {
+  // A function-local static initialises once even with concurrent callers; if the
+  // load throws, the next call tries again.
+  static const Driver d = load_driver();
+  return d;
+}
+
+void check(CUresult result, const char* what, const std::string& kernel) {
+  if (result == CUDA_SUCCESS) return;
+  const char* name = "unknown";
+  const char* message = "unknown error";
+  // Careful not to recurse: driver() may be what failed to initialise.
+  static thread_local bool in_check = false;
+  if (!in_check) {
+    in_check = true;
+    try {
+      const Driver& d = driver();
+      d.cuGetErrorName(result, &name);
+      d.cuGetErrorString(result, &message);
+    } catch (...) {
+    }
+    in_check = false;
+  }
+  std::string text = std::string("fattn: CUDA driver error in ") + what;
+  if (!kernel.empty()) text += " for kernel " + kernel;
+  text += ": " + std::string(name) + " (" + std::to_string(result) + "): " + message;
+  throw std::runtime_error(text);
+}
+
+CUcontext primary_context(int device) {
+  static std::mutex mutex;
+  static std::vector<CUcontext> contexts;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0) throw std::runtime_error("fattn: invalid CUDA device index");
+  if (contexts.size() <= static_cast<size_t>(device)) contexts.resize(device + 1, nullptr);
+  if (contexts[device] == nullptr) {
+    const Driver& d = driver();
+    CUdevice dev;
+    check(d.cuDeviceGet(&dev, device), "cuDeviceGet");
+    check(d.cuDevicePrimaryCtxRetain(&contexts[device], dev), "cuDevicePrimaryCtxRetain");
+  }
+  return contexts[device];
+}
+
+ScopedContext::ScopedContext(int device) {
+  const Driver& d = driver();
+  CUcontext wanted = primary_context(device);
+  CUcontext current = nullptr;
+  check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  if (current != wanted) {
+    check(d.cuCtxPushCurrent(wanted), "cuCtxPushCurrent");
+    pushed_ = true;
+  }
+}
+
+ScopedContext::~ScopedContext() {
+  if (pushed_) {
+    CUcontext popped;
+    driver().cuCtxPopCurrent(&popped);  // destructors must not throw
+  }
+}
+
+int device_attribute(int device, int attribute) {
+  const Driver& d = driver();
+  CUdevice dev;
+  check(d.cuDeviceGet(&dev, device), "cuDeviceGet");
+  int value = 0;
+  check(d.cuDeviceGetAttribute(&value, attribute, dev), "cuDeviceGetAttribute");
+  return value;
+}
+
+int compute_capability(int device) {
+  static std::mutex mutex;
+  static std::vector<int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0) throw std::runtime_error("fattn: invalid CUDA device index");
+  if (known.size() <= static_cast<size_t>(device)) known.resize(device + 1, -1);
+  if (known[device] < 0) {
+    known[device] = 10 * device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) +
+                    device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  }
+  return known[device];
+}
+
+}  // namespace fattn::cuda

@@ -1,0 +1,15 @@
+"""fattn: FlashAttention in Triton, compiled ahead of time, served as torch.ops.fattn.*.
+
+Importing fattn loads the prebuilt library (no Triton, no JIT, no compiler) and
+registers the fake implementations that torch.compile needs.
+"""
+
+from ._library import build_info, library_path, load_library
+
+load_library()
+
+from . import _fake  # noqa: E402,F401  (registers fake implementations)
+from .api import flash_attn_func  # noqa: E402
+
+__all__ = ["flash_attn_func", "build_info", "library_path"]
+__version__ = "0.1.0"

@@ -1,0 +1,54 @@
+"""Finding and loading the compiled library, and reading what it was built with."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+LIBRARY_NAME = "libfattn.so"
+
+
+def library_path() -> Path:
+    """The library to load: $FATTN_LIBRARY if set, else the one installed beside this file."""
+    override = os.environ.get("FATTN_LIBRARY")
+    path = Path(override) if override else Path(__file__).with_name(LIBRARY_NAME)
+    if not path.exists():
+        raise ImportError(
+            f"fattn: compiled library not found at {path}. Build it with "
+            "`pip install --no-build-isolation -e .` from the source tree (see README.md)."
+        )
+    return path
+
+
+@functools.cache
+def load_library() -> Path:
+    path = library_path()
+    torch.ops.load_library(str(path))
+    return path
+
+
+@functools.cache
+def _ctypes_handle() -> ctypes.CDLL:
+    # The library is already loaded by torch; this reopens the same copy.
+    return ctypes.CDLL(str(load_library()))
+
+
+def build_info() -> dict:
+    """What the library holds: Triton version and one record per compiled kernel variant."""
+    fn = _ctypes_handle().fattn_build_info_json
+    fn.restype = ctypes.c_char_p
+    return json.loads(fn().decode())
+
+
+def pick_arch(kernel: str, major: int, minor: int) -> int | None:
+    """The compiled arch that would serve a GPU of this compute capability (None if none)."""
+    fn = _ctypes_handle().fattn_pick_arch
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    arch = fn(kernel.encode(), 10 * major + minor)
+    return None if arch < 0 else arch

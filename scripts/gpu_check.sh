@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root with a library built elsewhere
+# (python/fattn/libfattn.so carried along): GPU tests, then optional benchmarks.
+# Usage: scripts/gpu_check.sh [tests|bench|all] ; results go to $OUT (or ./gpu_out).
+set -o pipefail
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if ! python3 -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi -L
+python3 -m fattn info | tee "$OUT/info.txt"
+what=${1:-all}
+if [[ $what == tests || $what == all ]]; then
+  torch_lib=$(python3 -c "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+  nm -D --defined-only "$torch_lib/libtorch_cpu.so" | awk '{print $3}' | grep -E '^(aoti_torch_|torch_)' \
+    | sed 's/@.*//' | sort -u > "$OUT/torch_exports.txt"
+  python3 -m pytest tests -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 benchmarks/bench_forward.py --out "$OUT/forward.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_forward.log"
+fi

@@ -1,0 +1,84 @@
+"""Builds fattn: compiles the kernel grid with aot_build, then the C++ library with g++.
+
+The library is a plain shared object (libfattn.so) loaded with torch.ops.load_library,
+built against the LibTorch stable ABI for torch 2.11, so one build serves every
+torch >= 2.11 and every Python. No nvcc and no GPU are needed.
+
+Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (narrow the grid), FATTN_AOT_CACHE
+(kernel cache folder), FATTN_BUILD_JOBS (parallel compiles), CXX (compiler).
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+GENERATED = ROOT / "build" / "generated"
+OBJECTS = ROOT / "build" / "obj"
+TORCH_TARGET_VERSION = "0x020b000000000000"  # torch 2.11: the oldest torch the build loads in
+
+
+def csrc_sources():
+    return sorted(str(p) for p in (ROOT / "csrc").rglob("*.cpp")) + [str(GENERATED / "kernel_table.cpp")]
+
+
+class BuildFattn(build_ext):
+    def get_ext_filename(self, ext_name):
+        # Not a Python extension module: a library for torch.ops.load_library, so no
+        # Python ABI tag in its name.
+        return os.path.join(*ext_name.split(".")[:-1], "libfattn.so")
+
+    def build_extension(self, ext):
+        sys.path.insert(0, str(ROOT))
+        from aot_build.__main__ import build as aot_build
+
+        jobs = int(os.environ.get("FATTN_BUILD_JOBS", os.cpu_count() or 1))
+        aot_build(GENERATED, jobs=jobs, log=lambda m: print(m, flush=True))
+        self._compile_and_link(ext, jobs)
+
+    def _compile_and_link(self, ext, jobs):
+        import torch
+
+        torch_dir = Path(torch.__file__).parent
+        cxx = shlex.split(os.environ.get("CXX", "g++"))
+        flags = ["-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall",
+                 f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
+                 f"-I{torch_dir / 'include'}", f"-I{ROOT / 'csrc'}"]
+        OBJECTS.mkdir(parents=True, exist_ok=True)
+        header_mtime = max(p.stat().st_mtime for p in (ROOT / "csrc").rglob("*.h"))
+
+        def compile_one(src):
+            obj = OBJECTS / (Path(src).relative_to(ROOT).as_posix().replace("/", "_") + ".o")
+            deps = [Path(src).stat().st_mtime, header_mtime]
+            if src.endswith("kernel_table.cpp"):
+                deps.append((GENERATED / "kernels.bin").stat().st_mtime)
+            if obj.exists() and obj.stat().st_mtime >= max(deps):
+                return str(obj)
+            cmd = cxx + flags + ["-c", src, "-o", str(obj)]
+            print(" ".join(cmd[:2]) + " ... " + Path(src).name, flush=True)
+            subprocess.run(cmd, check=True)
+            return str(obj)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            objects = list(pool.map(compile_one, csrc_sources()))
+        out = Path(self.get_ext_fullpath(ext.name))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # -z defs: every symbol must resolve now, against torch's C shim in libtorch_cpu.
+        link = cxx + ["-shared", "-o", str(out)] + objects + [
+            "-Wl,-z,defs", f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-ldl"]
+        subprocess.run(link, check=True)
+        print(f"fattn: linked {out}", flush=True)
+
+
+setup(
+    package_dir={"": "python"},
+    packages=["fattn"],
+    ext_modules=[Extension("fattn.libfattn", sources=[])],
+    cmdclass={"build_ext": BuildFattn},
+)

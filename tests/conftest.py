@@ -1,0 +1,20 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+# aot_build is a build tool, not part of the installed package: tests import it from the tree.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+HAS_GPU = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    # Fresh random inputs per test, but reproducible from the test's name.
+    torch.manual_seed(hash(request.node.nodeid) % (2**31))

@@ -1,0 +1,167 @@
+"""FlashAttention-2 forward kernel.
+
+One program computes one BLOCK_M tile of query rows for one (batch, query head).
+It streams the key/value rows of the matching KV head in BLOCK_N tiles, keeping a
+running row maximum `m_i`, a running row sum `l_i` and an unnormalised fp32
+accumulator; the division by `l_i` happens once, in the epilogue.
+
+Scores live in the log2 domain: the host folds log2(e) into the softmax scale, so
+the kernel uses exp2 (one MUFU instruction) instead of exp.
+
+Layout is [batch, seqlen, heads, head_dim] with arbitrary batch/seq/head strides
+and a contiguous head_dim. Strides are int64 so tensors past 2**31 elements work.
+
+Masking is split in two loops, as in the Triton tutorial: key tiles that are
+entirely visible to every row of the query tile run without any mask, and only
+the (at most a few) tiles at the causal diagonal or at the end of the keys pay
+for the mask.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_key_tiles(
+    acc, l_i, m_i, q,
+    k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
+    offs_m, offs_n, offs_d,
+    start, stop, seqlen_k, head_dim, diagonal, qk_scale,
+    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """Folds key tiles [start, stop) into the running softmax state.
+
+    `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0; `diagonal`
+    is seqlen_k - seqlen_q, the bottom-right causal alignment: row i sees key j
+    iff j <= i + diagonal.
+    """
+    d_in_range = offs_d < head_dim
+    for start_n in range(start, stop, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = k_tile_ptrs + start_n.to(tl.int64) * stride_ks
+        v_ptrs = v_tile_ptrs + start_n.to(tl.int64) * stride_vs
+        if MASKED:
+            k_mask = (cols[None, :] < seqlen_k) & d_in_range[:, None]
+            v_mask = (cols[:, None] < seqlen_k) & d_in_range[None, :]
+            k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+        elif PAD_D:
+            k = tl.load(k_ptrs, mask=d_in_range[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+
+        qk = tl.dot(q, k) * qk_scale
+
+        if MASKED:
+            visible = cols[None, :] < seqlen_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row that has seen no visible key yet keeps m = -inf; subtracting
+            # 0 instead keeps exp2(-inf - -inf) = NaN out of p and alpha.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_shift = m_new
+
+        p = tl.math.exp2(qk - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+
+        if MASKED:
+            v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+        elif PAD_D:
+            v = tl.load(v_ptrs, mask=d_in_range[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim,
+    qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid: (cdiv(seqlen_q, BLOCK_M), num_heads, batch).
+
+    qk_scale is softmax_scale * log2(e). Lse is float32 [batch, heads, seqlen_q],
+    contiguous, natural log. kv_group_size = q heads per kv head (GQA).
+    """
+    num_m_tiles = tl.num_programs(0)
+    if CAUSAL:
+        # Heavier (later) query tiles first, so the short ones fill the tail.
+        pid_m = num_m_tiles - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    kv_head = head // kv_group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_in_range = offs_m < seqlen_q
+    d_in_range = offs_d < head_dim
+
+    q_base = Q + batch * stride_qb + head.to(tl.int64) * stride_qh
+    k_base = K + batch * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + batch * stride_vb + kv_head.to(tl.int64) * stride_vh
+
+    q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qs + offs_d[None, :]
+    if PAD_D:
+        q = tl.load(q_ptrs, mask=row_in_range[:, None] & d_in_range[None, :], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_in_range[:, None], other=0.0)
+
+    # K is read transposed ([BLOCK_D, BLOCK_N]) so that q @ k needs no permute.
+    k_tile_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None]
+    v_tile_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_d[None, :]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    diagonal = seqlen_k - seqlen_q
+    if CAUSAL:
+        # Keys past the last row's diagonal are invisible to the whole tile.
+        stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + BLOCK_M + diagonal, 0), seqlen_k)
+        # Keys up to the first row's diagonal are visible to every row.
+        full_stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + 1 + diagonal, 0), stop)
+    else:
+        stop = seqlen_k
+        full_stop = seqlen_k
+    full_stop = (full_stop // BLOCK_N) * BLOCK_N
+
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
+        offs_m, offs_n, offs_d, 0, full_stop, seqlen_k, head_dim, diagonal, qk_scale,
+        BLOCK_N, PAD_D, False, CAUSAL)
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
+        offs_m, offs_n, offs_d, full_stop, stop, seqlen_k, head_dim, diagonal, qk_scale,
+        BLOCK_N, PAD_D, True, CAUSAL)
+
+    # Rows that saw no key (causal with seqlen_q > seqlen_k) have l_i == 0:
+    # their output is 0 and their lse is -inf.
+    empty_row = l_i == 0.0
+    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+
+    o_ptrs = (Out + batch * stride_ob + head.to(tl.int64) * stride_oh
+              + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :])
+    if PAD_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_in_range[:, None] & d_in_range[None, :])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_in_range[:, None])
+    lse_ptrs = Lse + (batch * num_heads + head) * seqlen_q + offs_m
+    tl.store(lse_ptrs, lse, mask=row_in_range)

@@ -91,7 +91,7 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
             "global_scratch_align": md.global_scratch_align,
             "profile_scratch_size": md.profile_scratch_size,
             "profile_scratch_align": md.profile_scratch_align,
-            "params": runtime_params(signature),
+            "params": [list(p) for p in runtime_params(signature)],  # as JSON reads it back
             "triton_version": triton.__version__,
         }
         cubin, ptx = compiled.asm["cubin"], compiled.asm["ptx"]

@@ -152,3 +152,11 @@ def test_offsets_past_2_pow_31_elements():
     out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
     check_accuracy(out, lse, q.contiguous(), k, v, None, True, what="int64 offsets")
     del big
+
+
+def test_bad_input_cuda_rules():
+    q, k, v = make_qkv(1, 8, 8, 2, 2, 64, torch.float16, "cuda")
+    with pytest.raises(RuntimeError, match=r"k is on cpu but q is on cuda:0"):
+        fattn.flash_attn_func(q, k.cpu(), v)
+    with pytest.raises(RuntimeError, match=r"q has dtype float32; expected float16 or bfloat16$"):
+        fattn.flash_attn_func(q.float(), k.float(), v.float())

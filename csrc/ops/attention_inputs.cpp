@@ -39,6 +39,12 @@ std::string dtype_name(ScalarType t) {
     case ScalarType::BFloat16: return "bfloat16";
     case ScalarType::Float: return "float32";
     case ScalarType::Double: return "float64";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Bool: return "bool";
     default: return torch::headeronly::toString(t);
   }
 }

@@ -1,0 +1,112 @@
+"""The build-time compiler: grid expansion, knobs, cache, shared-memory limits, emitted table."""
+
+import dataclasses
+import hashlib
+import json
+import struct
+import time
+
+import pytest
+
+from aot_build import grid
+from aot_build.__main__ import build
+from aot_build.compiler import BuildError, compile_variant
+
+ELF_MACHINE_CUDA = 190
+
+
+def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
+    variants = grid.expand(env={})
+    config = grid.load_config()
+    kcfg = config["kernels"]["attn_fwd"]
+    flags = 1
+    for values in kcfg["flags"].values():
+        flags *= len(values)
+    assert len(variants) == len(config["archs"]) * len(kcfg["dtypes"]) * len(kcfg["head_dim_buckets"]) * flags
+    assert {v.arch for v in variants} == {75, 80, 86, 89, 90}
+    assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
+
+
+def test_knobs_narrow_the_grid():
+    variants = grid.expand(env={"FATTN_CUDA_ARCHS": "80;sm_90", "FATTN_HEAD_DIMS": "80,64"})
+    assert {v.arch for v in variants} == {80, 90}
+    # head dim 80 is served by the 128 bucket, 64 by its own.
+    assert {v.constant_dict["BLOCK_D"] for v in variants} == {64, 128}
+
+
+@pytest.mark.parametrize("env", [{"FATTN_CUDA_ARCHS": "70"}, {"FATTN_CUDA_ARCHS": "eighty"},
+                                 {"FATTN_HEAD_DIMS": "512"}])
+def test_bad_knobs_are_errors(env):
+    with pytest.raises(grid.GridError):
+        grid.expand(env=env)
+
+
+def test_sm75_configs_fit_64kb_by_design():
+    # Checked for real at build time; here the config file itself is kept honest:
+    # every arch has a config for every bucket of every kernel.
+    config = grid.load_config()
+    for kcfg in config["kernels"].values():
+        for arch in config["archs"]:
+            for bucket in kcfg["head_dim_buckets"]:
+                assert str(bucket) in kcfg["configs"][str(arch)]
+    assert config["shared_memory_limit"]["75"] == 64 * 1024
+
+
+def test_over_shared_memory_is_a_build_error(tmp_path):
+    base = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "256"}))
+    constants = dict(base.constants, BLOCK_M=128, BLOCK_N=128)
+    huge = dataclasses.replace(base, constants=tuple(sorted(constants.items())), num_stages=3)
+    limit = grid.load_config()["shared_memory_limit"]["80"]
+    with pytest.raises(BuildError, match=r"needs \d+ bytes of shared memory but sm80 allows 166912"):
+        compile_variant(huge, limit, cache_dir=tmp_path)
+
+
+def _check_outputs(out_dir, manifest):
+    blob = (out_dir / "kernels.bin").read_bytes()
+    assert len(blob) == manifest["blob_size"]
+    table = (out_dir / "kernel_table.cpp").read_text()
+    assert f"size_t kernel_table_size() {{ return {len(manifest['kernels'])}; }}" in table
+    for row in manifest["kernels"]:
+        cubin = blob[row["cubin_offset"]:row["cubin_offset"] + row["cubin_size"]]
+        assert hashlib.sha256(cubin).hexdigest() == row["cubin_sha256"]
+        assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == ELF_MACHINE_CUDA
+        assert struct.unpack_from("<I", cubin, 48)[0] & 0xFF == row["arch"], "cubin built for another arch"
+        assert row["function"].encode() + b"\0" in cubin, "kernel symbol missing from its cubin"
+        ptx = blob[row["ptx_offset"]:row["ptx_offset"] + row["ptx_size"] + 1]
+        assert ptx.endswith(b"\0") and f".entry {row['function']}(".encode() in ptx
+        assert f".target sm_{row['arch']}".encode() in ptx
+        # Every runtime parameter plus Triton's two scratch pointers appears in the PTX entry.
+        entry = ptx[ptx.index(b".entry"):ptx.index(b")")]
+        assert entry.count(b".param") == len(row["params"]) + 2
+        # The C++ table carries the same offsets and launch metadata as the manifest.
+        entry_tail = (f"{row['shared']}, {row['global_scratch_size']}, {row['global_scratch_align']}, "
+                      f"{row['profile_scratch_size']}, {row['cubin_offset']}u, {row['cubin_size']}u, "
+                      f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\"}},")
+        assert entry_tail in table
+
+
+def test_build_writes_consistent_table_and_hits_cache(tmp_path):
+    env = {"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "32"}
+    import os
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        out, cache = tmp_path / "gen", tmp_path / "cache"
+        first = build(out, jobs=2, cache_dir=cache, log=lambda m: None)
+        table_mtime = (out / "kernel_table.cpp").stat().st_mtime_ns
+        logs = []
+        start = time.time()
+        second = build(out, jobs=2, cache_dir=cache, log=logs.append)
+        elapsed = time.time() - start
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert len(first["kernels"]) == 8
+    assert first == second
+    assert any("8 from cache" in line for line in logs), logs
+    assert elapsed < 30, f"a cached rebuild took {elapsed:.1f}s"
+    assert (out / "kernel_table.cpp").stat().st_mtime_ns == table_mtime, "unchanged table was rewritten"
+    _check_outputs(out, first)

@@ -1,0 +1,98 @@
+"""Every bad-input rule raises a clear error naming the argument, before any launch.
+
+Validation is shared by the CPU and CUDA implementations (csrc/ops/attention_inputs.cpp),
+so CPU tensors exercise it here; test_forward_gpu.py checks the CUDA-only rules.
+"""
+
+import pytest
+import torch
+
+import fattn
+from fattn._library import pick_arch
+
+
+def qkv(b=2, sq=8, sk=8, h=4, hk=2, d=32, dtype=torch.float16):
+    return (torch.randn(b, sq, h, d, dtype=dtype), torch.randn(b, sk, hk, d, dtype=dtype),
+            torch.randn(b, sk, hk, d, dtype=dtype))
+
+
+def expect(match, q, k, v, **kw):
+    with pytest.raises(RuntimeError, match=match):
+        fattn.flash_attn_func(q, k, v, **kw)
+
+
+def test_wrong_dtype():
+    q, k, v = qkv()
+    expect(r"q has dtype int32; expected float16 or bfloat16", q.int(), k.int(), v.int())
+
+
+def test_mixed_dtypes():
+    q, k, v = qkv()
+    expect(r"k has dtype bfloat16 but q has float16", q, k.bfloat16(), v)
+    expect(r"v has dtype float32 but q has float16", q, k, v.float())
+
+
+def test_wrong_rank():
+    q, k, v = qkv()
+    expect(r"q must be a 4-D tensor \[batch, seqlen, heads, head_dim\], got shape \[2, 8, 128\]",
+           q.flatten(2), k, v)
+    expect(r"k must be a 4-D tensor", q, k[0], v)
+
+
+def test_head_dims_differ():
+    q, k, v = qkv()
+    expect(r"k has head_dim 40 but q has 32", q, torch.randn(2, 8, 2, 40, dtype=q.dtype), v)
+    expect(r"v has head_dim 40 but q has 32", q, k, torch.randn(2, 8, 2, 40, dtype=q.dtype))
+
+
+@pytest.mark.parametrize("d", [264, 512])
+def test_head_dim_over_256(d):
+    q, k, v = qkv(d=d)
+    expect(rf"head_dim {d} is not supported; expected a multiple of 8 from 8 to 256", q, k, v)
+
+
+@pytest.mark.parametrize("d", [4, 12, 100])
+def test_head_dim_not_multiple_of_8(d):
+    q, k, v = qkv(d=d)
+    expect(rf"head_dim {d} is not supported", q, k, v)
+
+
+def test_q_heads_not_multiple_of_kv_heads():
+    q, k, v = qkv(h=6, hk=4)
+    expect(r"q has 6 heads, which is not a multiple of the 4 heads of k and v", q, k, v)
+
+
+def test_k_v_disagree():
+    q, k, v = qkv()
+    expect(r"v has shape \[2, 9, 2, 32\] but k has \[2, 8, 2, 32\]", q, k, torch.randn(2, 9, 2, 32, dtype=q.dtype))
+
+
+def test_non_contiguous_last_dim():
+    q, k, v = qkv()
+    q_t = torch.randn(2, 8, 32, 4, dtype=q.dtype).transpose(2, 3)
+    expect(r"q must have a contiguous last dim \(stride 1\), got stride 4", q_t, k, v)
+
+
+def test_batch_mismatch():
+    q, k, v = qkv()
+    expect(r"k has batch size 3 but q has 2", q, torch.randn(3, 8, 2, 32, dtype=q.dtype), v)
+
+
+def test_non_finite_softmax_scale():
+    q, k, v = qkv()
+    expect(r"softmax_scale must be a finite number", q, k, v, softmax_scale=float("nan"))
+
+
+def test_gpu_without_cubin_is_refused_by_the_arch_rule():
+    # The rule the CUDA op applies (exported by the library, so this runs without a GPU):
+    # the exact arch, else an older minor of the same major, else nothing.
+    built = sorted({e["arch"] for e in fattn.build_info()["kernels"] if e["kernel"] == "attn_fwd"})
+    assert built, "the library holds no forward kernels"
+    for arch in built:
+        assert pick_arch("attn_fwd", arch // 10, arch % 10) == arch
+    assert pick_arch("attn_fwd", 7, 0) is None       # Volta: older than anything built
+    assert pick_arch("attn_fwd", 12, 0) is None      # no same-major cubin
+    if 80 in built and 86 not in built:
+        assert pick_arch("attn_fwd", 8, 6) == 80     # an sm_80 cubin runs on 8.6
+    if 90 in built:
+        assert pick_arch("attn_fwd", 9, 1) is None or 91 in built  # sm_90a code runs on 9.0 only

@@ -43,6 +43,11 @@ def make_impls(causal, use_flex):
              "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if use_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # One compiled kernel per shape: lift dynamo's limit, or it falls back to the
+        # unfused eager path after 8 shapes and the numbers mean nothing.
+        torch._dynamo.config.recompile_limit = 1024
+        torch._dynamo.config.accumulated_recompile_limit = 4096
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
         flex = torch.compile(flex_attention, dynamic=False)
         masks = {}
 

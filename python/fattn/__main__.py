@@ -1,4 +1,5 @@
-"""python -m fattn info: what this build holds and whether this machine's GPU can run it."""
+"""python -m fattn info | demo: what this build holds and whether this machine's GPU can run it;
+a checked example call."""
 
 from __future__ import annotations
 
@@ -39,11 +40,31 @@ def info() -> int:
     return 0
 
 
+def demo() -> int:
+    """One causal GQA attention call checked against the float64 reference."""
+    import torch
+
+    import fattn
+    from fattn.reference import attention_reference
+
+    device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    q = torch.randn(2, 1000, 16, 128, device=device, dtype=dtype)
+    k = torch.randn(2, 1000, 4, 128, device=device, dtype=dtype)
+    v = torch.randn(2, 1000, 4, 128, device=device, dtype=dtype)
+    out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    ref, _ = attention_reference(q, k, v, causal=True, dtype=torch.float64)
+    err = (out.double() - ref.double()).abs().max().item()
+    print(f"fattn.flash_attn_func on {device} ({dtype}): out {tuple(out.shape)}, lse {tuple(lse.shape)}, "
+          f"max |out - float64 reference| = {err:.2e}")
+    return 0 if err < (3e-2 if device == "cuda" else 1e-5) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fattn")
-    parser.add_argument("command", choices=["info"], help="info: print what was built")
+    parser.add_argument("command", choices=["info", "demo"],
+                        help="info: print what was built; demo: run one call and check it")
     args = parser.parse_args(argv)
-    return {"info": info}[args.command]()
+    return {"info": info, "demo": demo}[args.command]()
 
 
 if __name__ == "__main__":

@@ -78,6 +78,17 @@ def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
     return sorted(chosen)
 
 
+def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
+    """The config of (arch, bucket); "default" keys stand in at either level, so kernels
+    whose tiles do not depend on the arch (or bucket) need one entry, not twenty."""
+    configs = kcfg["configs"]
+    per_arch = configs.get(str(arch), configs.get("default"))
+    tile = None if per_arch is None else per_arch.get(str(bucket), per_arch.get("default"))
+    if tile is None:
+        raise GridError(f"configs.json: {kernel} has no config for sm{arch} head-dim bucket {bucket}")
+    return dict(tile)
+
+
 def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]:
     """All variants to build, in a stable order."""
     config = load_config() if config is None else config
@@ -87,10 +98,7 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
         buckets = selected_buckets(kcfg, env)
         flag_names = list(kcfg["flags"])
         for arch, dtype, bucket in itertools.product(archs, kcfg["dtypes"], buckets):
-            try:
-                tile = dict(kcfg["configs"][str(arch)][str(bucket)])
-            except KeyError:
-                raise GridError(f"configs.json: {kernel} has no config for sm{arch} head-dim bucket {bucket}")
+            tile = _tile_config(kernel, kcfg, arch, bucket)
             num_warps = tile.pop("num_warps")
             num_stages = tile.pop("num_stages")
             for flag_values in itertools.product(*(kcfg["flags"][n] for n in flag_names)):

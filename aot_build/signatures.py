@@ -22,7 +22,46 @@ _FORWARD_ALIGNED = {
     "head_dim": 8,
 }
 
-SIGNATURES = {"attn_fwd": (_FORWARD, _FORWARD_ALIGNED)}
+
+def _strides(*tensors):
+    return {f"stride_{t}{d}": "i64" for t in tensors for d in "bsh"}
+
+
+_BWD_PREPROCESS = {
+    "Out": "*T", "DO": "*T", "DLse": "*fp32", "Delta": "*fp32", **_strides("o", "do"),
+    "seqlen_q": "i32", "num_heads": "i32", "head_dim": "i32",
+}
+_BWD_PREPROCESS_ALIGNED = {"Out": 16, "DO": 16, "DLse": 16, "Delta": 16,
+                           **{name: 8 for name in _strides("o", "do")}, "head_dim": 8}
+
+_BWD_SHAPE_ARGS = {
+    "seqlen_q": "i32", "seqlen_k": "i32", "num_heads": "i32", "kv_group_size": "i32", "head_dim": "i32",
+    "qk_scale": "fp32", "softmax_scale": "fp32",
+}
+_BWD_DKDV = {
+    "Q": "*T", "K": "*T", "V": "*T", "DO": "*T", "Lse": "*fp32", "Delta": "*fp32", "DK": "*T", "DV": "*T",
+    **_strides("q", "k", "v", "do", "dk", "dv"), **_BWD_SHAPE_ARGS,
+}
+_BWD_DQ = {
+    "Q": "*T", "K": "*T", "V": "*T", "DO": "*T", "Lse": "*fp32", "Delta": "*fp32", "DQ": "*T",
+    **_strides("q", "k", "v", "do", "dq"), **_BWD_SHAPE_ARGS,
+}
+
+
+def _aligned(types):
+    """Every pointer 16-byte aligned, every stride a multiple of 8 elements, head_dim of 8."""
+    out = {name: 16 for name, ty in types.items() if ty.startswith("*")}
+    out.update({name: 8 for name in types if name.startswith("stride_")})
+    out["head_dim"] = 8
+    return out
+
+
+SIGNATURES = {
+    "attn_fwd": (_FORWARD, _FORWARD_ALIGNED),
+    "attn_bwd_preprocess": (_BWD_PREPROCESS, _BWD_PREPROCESS_ALIGNED),
+    "attn_bwd_dkdv": (_BWD_DKDV, _aligned(_BWD_DKDV)),
+    "attn_bwd_dq": (_BWD_DQ, _aligned(_BWD_DQ)),
+}
 
 
 def triton_signature(kernel_fn, kernel: str, dtype: str) -> tuple[dict, dict]:

@@ -124,6 +124,45 @@ AttentionShape check_attention_inputs(const char* op, const torch::stable::Tenso
   return s;
 }
 
+void check_backward_inputs(const char* op, const AttentionShape& s, const torch::stable::Tensor& q,
+                           const torch::stable::Tensor& dout, const torch::stable::Tensor& out,
+                           const torch::stable::Tensor& lse,
+                           const std::optional<torch::stable::Tensor>& dlse) {
+  const char* names[] = {"dout", "out"};
+  const torch::stable::Tensor* like_q[] = {&dout, &out};
+  for (int i = 0; i < 2; ++i) {
+    const auto& t = *like_q[i];
+    if (t.dim() != 4 || t.size(0) != s.batch || t.size(1) != s.seqlen_q || t.size(2) != s.heads ||
+        t.size(3) != s.head_dim) {
+      fail(op, names[i], " has shape ", shape_of(t), " but must match q's shape ", shape_of(q));
+    }
+    if (device_name(t) != device_name(q)) {
+      fail(op, names[i], " is on ", device_name(t), " but q is on ", device_name(q));
+    }
+    if (t.scalar_type() != q.scalar_type()) {
+      fail(op, names[i], " has dtype ", dtype_name(t.scalar_type()), " but q has ",
+           dtype_name(q.scalar_type()));
+    }
+  }
+  std::optional<torch::stable::Tensor> stats[] = {lse, dlse};
+  const char* stat_names[] = {"lse", "dlse"};
+  for (int i = 0; i < 2; ++i) {
+    if (!stats[i].has_value()) continue;
+    const auto& t = *stats[i];
+    if (t.dim() != 3 || t.size(0) != s.batch || t.size(1) != s.heads || t.size(2) != s.seqlen_q) {
+      fail(op, stat_names[i], " has shape ", shape_of(t), " but must be [batch, heads, seqlen_q] = [",
+           s.batch, ", ", s.heads, ", ", s.seqlen_q, "]");
+    }
+    if (t.scalar_type() != lse_dtype(q.scalar_type())) {
+      fail(op, stat_names[i], " has dtype ", dtype_name(t.scalar_type()), "; expected ",
+           dtype_name(lse_dtype(q.scalar_type())));
+    }
+    if (device_name(t) != device_name(q)) {
+      fail(op, stat_names[i], " is on ", device_name(t), " but q is on ", device_name(q));
+    }
+  }
+}
+
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim) {
   return softmax_scale.has_value() ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }

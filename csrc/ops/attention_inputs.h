@@ -24,6 +24,19 @@ AttentionShape check_attention_inputs(const char* op, const torch::stable::Tenso
                                       const torch::stable::Tensor& v,
                                       std::optional<double> softmax_scale);
 
+// Checks the extra inputs of a backward: dout and out shaped and typed like q,
+// lse (and dlse when given) float32 [batch, heads, seqlen_q], all on q's device.
+void check_backward_inputs(const char* op, const AttentionShape& s, const torch::stable::Tensor& q,
+                           const torch::stable::Tensor& dout, const torch::stable::Tensor& out,
+                           const torch::stable::Tensor& lse,
+                           const std::optional<torch::stable::Tensor>& dlse);
+
+// lse is float32, except for float64 inputs (CPU only), where it keeps float64 so
+// that gradients through it can be checked by finite differences.
+inline torch::headeronly::ScalarType lse_dtype(torch::headeronly::ScalarType input) {
+  return input == torch::headeronly::ScalarType::Double ? input : torch::headeronly::ScalarType::Float;
+}
+
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
 
 std::string dtype_name(torch::headeronly::ScalarType t);

@@ -24,7 +24,8 @@ Tensor as_double(const Tensor& t) {
 }  // namespace
 
 std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
-                                       std::optional<double> softmax_scale, bool causal) {
+                                       std::optional<double> softmax_scale, bool causal,
+                                       bool /*deterministic*/) {
   const AttentionShape s = check_attention_inputs("fattn.forward", q, k, v, softmax_scale);
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
@@ -76,7 +77,7 @@ std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
       }
     }
   }
-  return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, ScalarType::Float)};
+  return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
 }
 
 }  // namespace fattn::ops

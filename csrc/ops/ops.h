@@ -12,9 +12,24 @@ using torch::stable::Tensor;
 
 // fattn::forward: out [batch, seqlen_q, heads, head_dim] (contiguous, q's dtype)
 // and lse float32 [batch, heads, seqlen_q] (natural log, -inf for empty rows).
+// `deterministic` is not used by the forward; autograd saves it for the backward.
 std::tuple<Tensor, Tensor> forward_cuda(Tensor q, Tensor k, Tensor v,
-                                        std::optional<double> softmax_scale, bool causal);
+                                        std::optional<double> softmax_scale, bool causal,
+                                        bool deterministic);
 std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
-                                       std::optional<double> softmax_scale, bool causal);
+                                       std::optional<double> softmax_scale, bool causal,
+                                       bool deterministic);
+
+// fattn::backward: (dq, dk, dv), contiguous, in the inputs' dtype and shapes.
+// `dlse` is the gradient flowing into the forward's lse (optional). Every mode is
+// deterministic today (no atomics); `deterministic` keeps the contract explicit.
+std::tuple<Tensor, Tensor, Tensor> backward_cuda(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                 Tensor lse, std::optional<Tensor> dlse,
+                                                 std::optional<double> softmax_scale, bool causal,
+                                                 bool deterministic);
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                Tensor lse, std::optional<Tensor> dlse,
+                                                std::optional<double> softmax_scale, bool causal,
+                                                bool deterministic);
 
 }  // namespace fattn::ops

@@ -8,7 +8,7 @@ from ._library import build_info, library_path, load_library
 
 load_library()
 
-from . import _fake  # noqa: E402,F401  (registers fake implementations)
+from . import _autograd, _fake  # noqa: E402,F401  (register fake implementations and autograd)
 from .api import flash_attn_func  # noqa: E402
 
 __all__ = ["flash_attn_func", "build_info", "library_path"]

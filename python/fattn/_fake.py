@@ -5,9 +5,17 @@ import torch
 
 
 @torch.library.register_fake("fattn::forward")
-def _forward_fake(q, k, v, softmax_scale=None, causal=False):
+def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False):
     batch, seqlen_q, heads, head_dim = q.shape
     # Both outputs are freshly allocated and contiguous, as in csrc/ops/forward_*.cpp.
     out = q.new_empty((batch, seqlen_q, heads, head_dim))
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    # float32, except float64 inputs (CPU) keep float64 (see lse_dtype in attention_inputs.h)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = q.new_empty((batch, heads, seqlen_q), dtype=lse_dtype)
     return out, lse
+
+
+@torch.library.register_fake("fattn::backward")
+def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
+    # Fresh contiguous gradients shaped like q, k and v (csrc/ops/backward_*.cpp).
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -29,4 +29,5 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    return out.to(out_dtype), lse.float()
+    # lse follows fattn's contract: float32, float64 for float64 inputs.
+    return out.to(out_dtype), lse.to(torch.float64 if out_dtype == torch.float64 else torch.float32)

@@ -1,0 +1,236 @@
+"""FlashAttention-2 backward kernels.
+
+Three launches, none with atomics, so every mode is bitwise reproducible:
+
+1. attn_bwd_preprocess: delta = rowsum(dout * out) - dlse, fp32 [batch, heads, seqlen_q].
+   A gradient flowing into the returned lse only shifts delta (d lse_i / d s_ij = p_ij).
+2. attn_bwd_dkdv: one program per (key tile, kv head, batch). It walks the query tiles of
+   every q head of its GQA group, recomputes P from the saved lse, and accumulates
+   dV = P^T dO and dK = dS^T Q in fp32 registers: GQA sums need no atomics and no expanded K/V.
+3. attn_bwd_dq: one program per (query tile, head, batch); walks the visible key tiles and
+   accumulates dQ = dS K.
+
+With S = scale * Q K^T and P = softmax(S): dP = dO V^T, dS = P * (dP - delta),
+dQ = scale * dS K, dK = scale * dS^T Q. Scores use the log2 domain as in the forward
+(qk_scale = scale * log2(e)); the natural-log lse is converted once per tile.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def attn_bwd_preprocess(
+    Out, DO, DLse, Delta,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    seqlen_q, num_heads, head_dim,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). DLse/Delta: fp32 [batch, heads, seqlen_q] contiguous."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < seqlen_q)[:, None]
+    if PAD_D:
+        mask = mask & (offs_d < head_dim)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    o = tl.load(Out + batch * stride_ob + head * stride_oh + rows * stride_os + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + batch * stride_dob + head * stride_doh + rows * stride_dos + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, axis=1)
+    row_ptr = (batch * num_heads + head) * seqlen_q + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(DLse + row_ptr, mask=offs_m < seqlen_q, other=0.0)
+    tl.store(Delta + row_ptr, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _load_rows(base, rows, stride_s, offs_d, n_rows, head_dim, PAD_D: tl.constexpr):
+    """A [len(rows), BLOCK_D] tile; rows past n_rows and padded dims read as 0."""
+    mask = (rows < n_rows)[:, None]
+    if PAD_D:
+        mask = mask & (offs_d < head_dim)[None, :]
+    return tl.load(base + rows[:, None].to(tl.int64) * stride_s + offs_d[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_rows(base, tile, rows, stride_s, offs_d, n_rows, head_dim, PAD_D: tl.constexpr):
+    mask = (rows < n_rows)[:, None]
+    if PAD_D:
+        mask = mask & (offs_d < head_dim)[None, :]
+    tl.store(base + rows[:, None].to(tl.int64) * stride_s + offs_d[None, :], tile.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _lse_log2(Lse, row_base, rows, seqlen_q):
+    """lse in the log2 domain; rows that saw no key (-inf) or lie past the end get +inf,
+    so that exp2(s - lse) is 0 for them instead of inf or NaN."""
+    lse = tl.load(Lse + row_base + rows, mask=rows < seqlen_q, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse * LOG2E
+
+
+@triton.jit
+def _dkdv_query_tiles(
+    dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
+    stride_qs, stride_dos, offs_n, offs_d,
+    start, stop, seqlen_q, head_dim, diagonal, qk_scale,
+    BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Adds the query rows [start, stop) of one head to this key tile's dK, dV (transposed math:
+    the key tile is the M side of every product)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    for start_m in range(start, stop, BLOCK_M):
+        rows = start_m + offs_m
+        q = _load_rows(q_base, rows, stride_qs, offs_d, seqlen_q, head_dim, PAD_D)
+        do = _load_rows(do_base, rows, stride_dos, offs_d, seqlen_q, head_dim, PAD_D)
+        lse = _lse_log2(Lse, row_base, rows, seqlen_q)
+        delta = tl.load(Delta + row_base + rows, mask=rows < seqlen_q, other=0.0)
+        qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
+        p_t = tl.math.exp2(qk_t - lse[None, :])
+        if MASKED:  # causal diagonal: key j visible to row i iff j <= i + diagonal
+            p_t = tl.where(offs_n[:, None] <= rows[None, :] + diagonal, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv(
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim,
+    qk_scale, softmax_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch)."""
+    pid_n = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    k = _load_rows(K + batch * stride_kb + kv_head.to(tl.int64) * stride_kh, offs_n, stride_ks, offs_d,
+                   seqlen_k, head_dim, PAD_D)
+    v = _load_rows(V + batch * stride_vb + kv_head.to(tl.int64) * stride_vh, offs_n, stride_vs, offs_d,
+                   seqlen_k, head_dim, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    diagonal = seqlen_k - seqlen_q
+    if CAUSAL:
+        # Rows before start_n - diagonal see none of these keys; from the first row that
+        # sees the tile's last key on, every row sees the whole tile.
+        first = tl.maximum(start_n - diagonal, 0)
+        first = tl.minimum((first // BLOCK_M) * BLOCK_M, seqlen_q)
+        full = tl.maximum(start_n + BLOCK_N - 1 - diagonal, first)
+        full = tl.minimum(first + tl.cdiv(full - first, BLOCK_M) * BLOCK_M, seqlen_q)
+    else:
+        first = 0
+        full = 0
+
+    for g in range(0, kv_group_size):
+        head = (kv_head * kv_group_size + g).to(tl.int64)
+        q_base = Q + batch * stride_qb + head * stride_qh
+        do_base = DO + batch * stride_dob + head * stride_doh
+        row_base = (batch * num_heads + head) * seqlen_q
+        if CAUSAL:
+            dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
+                                       stride_qs, stride_dos, offs_n, offs_d, first, full,
+                                       seqlen_q, head_dim, diagonal, qk_scale, BLOCK_M, PAD_D, True)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
+                                   stride_qs, stride_dos, offs_n, offs_d, full, seqlen_q,
+                                   seqlen_q, head_dim, diagonal, qk_scale, BLOCK_M, PAD_D, False)
+
+    dk *= softmax_scale
+    _store_rows(DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh, dk, offs_n, stride_dks, offs_d,
+                seqlen_k, head_dim, PAD_D)
+    _store_rows(DV + batch * stride_dvb + kv_head.to(tl.int64) * stride_dvh, dv, offs_n, stride_dvs, offs_d,
+                seqlen_k, head_dim, PAD_D)
+
+
+@triton.jit
+def _dq_key_tiles(
+    dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
+    offs_m, offs_d, start, stop, seqlen_k, head_dim, diagonal, qk_scale,
+    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, stop, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load_rows(k_base, cols, stride_ks, offs_d, seqlen_k, head_dim, PAD_D)
+        v = _load_rows(v_base, cols, stride_vs, offs_d, seqlen_k, head_dim, PAD_D)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        p = tl.math.exp2(qk - lse[:, None])
+        if MASKED:
+            visible = cols[None, :] < seqlen_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq(
+    Q, K, V, DO, Lse, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim,
+    qk_scale, softmax_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch)."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    kv_head = (head // kv_group_size).to(tl.int64)
+    head = head.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = _load_rows(Q + batch * stride_qb + head * stride_qh, offs_m, stride_qs, offs_d, seqlen_q, head_dim, PAD_D)
+    do = _load_rows(DO + batch * stride_dob + head * stride_doh, offs_m, stride_dos, offs_d, seqlen_q, head_dim,
+                    PAD_D)
+    row_base = (batch * num_heads + head) * seqlen_q
+    lse = _lse_log2(Lse, row_base, offs_m, seqlen_q)
+    delta = tl.load(Delta + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    diagonal = seqlen_k - seqlen_q
+    if CAUSAL:
+        stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + BLOCK_M + diagonal, 0), seqlen_k)
+        full_stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + 1 + diagonal, 0), stop)
+    else:
+        stop = seqlen_k
+        full_stop = seqlen_k
+    full_stop = (full_stop // BLOCK_N) * BLOCK_N
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d,
+                       0, full_stop, seqlen_k, head_dim, diagonal, qk_scale, BLOCK_N, PAD_D, False, CAUSAL)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d,
+                       full_stop, stop, seqlen_k, head_dim, diagonal, qk_scale, BLOCK_N, PAD_D, True, CAUSAL)
+    dq *= softmax_scale
+    _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)

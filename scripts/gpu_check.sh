@@ -18,5 +18,7 @@ if [[ $what == tests || $what == all ]]; then
   python3 -m pytest tests -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 benchmarks/bench_forward.py --out "$OUT/forward.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_forward.log"
+  for pass in ${BENCH_PASSES:-forward backward}; do
+    python3 benchmarks/bench_attention.py --pass $pass --out "$OUT/$pass.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$pass.log"
+  done
 fi

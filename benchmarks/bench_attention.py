@@ -1,11 +1,14 @@
-"""Forward attention throughput: fattn against SDPA (flash, cuDNN) and FlexAttention.
+"""Attention throughput, forward or backward: fattn against SDPA (flash, cuDNN) and FlexAttention.
 
-    python benchmarks/bench_forward.py --out benchmarks/results/forward_h100.json
+    python benchmarks/bench_attention.py --pass forward --out benchmarks/results/forward_h100.json
+    python benchmarks/bench_attention.py --pass backward --out benchmarks/results/backward_h100.json
 
 Every implementation runs on the same random bf16 data in its own preferred layout
 (fattn: [batch, seq, heads, dim]; SDPA/Flex: [batch, heads, seq, dim]) at hidden
 size 2048 and 16k tokens per step, so batch = 16384 / seqlen and heads = 2048 / d.
 Prints TFLOP/s and fattn's ratio to each peer; writes every number as JSON.
+The backward times only the gradient computation (autograd.grad of a kept graph)
+and counts 2.5x the forward's FLOPs, as flash-attn does.
 """
 
 from __future__ import annotations
@@ -24,9 +27,22 @@ from common import environment, time_ms, write_json  # noqa: E402
 import fattn  # noqa: E402
 
 
-def flops(batch, heads, seqlen, head_dim, causal):
+def flops(batch, heads, seqlen, head_dim, causal, direction):
     full = 4 * batch * heads * seqlen * seqlen * head_dim  # two matmuls of 2*s*s*d each
-    return full / 2 if causal else full
+    full = full / 2 if causal else full
+    return 2.5 * full if direction == "backward" else full
+
+
+def timed_call(fn, direction, inputs):
+    """The callable to time: the forward itself, or the backward of one kept forward graph."""
+    if direction == "forward":
+        return lambda: fn(*inputs)
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    dout = torch.randn_like(out)
+    # fattn uses (q, k, v) = leaves[:3]; peers use their [b, h, s, d] copies = leaves[3:].
+    used = [t for t in leaves if t.requires_grad]
+    return lambda: torch.autograd.grad(out, used, dout, retain_graph=True, allow_unused=True)
 
 
 def make_impls(causal, use_flex):
@@ -64,7 +80,8 @@ def make_impls(causal, use_flex):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/forward.json"))
+    parser.add_argument("--pass", dest="direction", choices=["forward", "backward"], default="forward")
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--tokens", type=int, default=16384)
@@ -73,10 +90,11 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("bench_forward needs a CUDA GPU")
+        sys.exit("bench_attention needs a CUDA GPU")
+    args.out = args.out or Path(f"benchmarks/results/{args.direction}.json")
 
     rows = []
-    payload = {"benchmark": "forward", "dtype": "bfloat16", "env": environment(), "rows": rows}
+    payload = {"benchmark": args.direction, "dtype": "bfloat16", "env": environment(), "rows": rows}
     header = f"{'d':>4} {'seqlen':>6} {'b':>3} {'h':>3} {'causal':>6} | " + " ".join(
         f"{n:>11}" for n in ["fattn", "sdpa_flash", "sdpa_cudnn", "flex"]) + " | fattn/flash fattn/cudnn fattn/flex"
     print("TFLOP/s (median of", args.reps, "runs)")
@@ -91,8 +109,10 @@ def main(argv=None):
                 result = {}
                 for name, fn in impls.items():
                     try:
-                        ms = time_ms(lambda: fn(q, k, v, qt, kt, vt), reps=args.reps)
-                        result[name] = flops(b, h, s, d, causal) / ms / 1e9
+                        call = timed_call(fn, args.direction, (q, k, v, qt, kt, vt))
+                        ms = time_ms(call, reps=args.reps)
+                        result[name] = flops(b, h, s, d, causal, args.direction) / ms / 1e9
+                        del call
                     except Exception as e:  # a peer without a kernel for this shape
                         print(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         result[name] = None

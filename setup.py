@@ -5,10 +5,12 @@ built against the LibTorch stable ABI for torch 2.11, so one build serves every
 torch >= 2.11 and every Python. No nvcc and no GPU are needed.
 
 Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (narrow the grid), FATTN_AOT_CACHE
-(kernel cache folder), FATTN_BUILD_JOBS (parallel compiles), CXX (compiler).
+(kernel cache folder), FATTN_BUILD_JOBS (parallel compiles), FATTN_COMPRESS
+(auto | fatbinary | none), CXX (compiler).
 """
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -76,9 +79,33 @@ class BuildFattn(build_ext):
         print(f"fattn: linked {out}", flush=True)
 
 
+def manylinux_tag(library: Path) -> str:
+    """The manylinux platform tag the library really needs: the newest glibc symbol
+    version it imports (read from its dynamic string table)."""
+    data = library.read_bytes()
+    minors = [int(m) for m in re.findall(rb"GLIBC_2\.(\d+)", data)]
+    machine = os.uname().machine
+    return f"manylinux_2_{max(minors, default=17)}_{machine}"
+
+
+class WheelForEveryPython(bdist_wheel):
+    """py3-none-<manylinux>: libfattn.so is loaded by torch.ops.load_library, not
+    imported by Python, and uses torch's stable C ABI only, so one wheel serves
+    every CPython >= 3.10 and every torch >= 2.11 on the platform."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        build = self.get_finalized_command("build_ext")
+        library = Path(build.get_ext_fullpath("fattn.libfattn"))
+        return "py3", "none", manylinux_tag(library)
+
+
 setup(
     package_dir={"": "python"},
     packages=["fattn"],
     ext_modules=[Extension("fattn.libfattn", sources=[])],
-    cmdclass={"build_ext": BuildFattn},
+    cmdclass={"build_ext": BuildFattn, "bdist_wheel": WheelForEveryPython},
 )

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from . import emit, grid
+from . import compress, emit, grid
 from .compiler import BuildError, _kernel_source_digest, compile_variant, default_cache_dir
 
 
@@ -31,10 +31,12 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
     digest = _kernel_source_digest()
     jobs = jobs or os.cpu_count() or 1
     limits = config["shared_memory_limit"]
-    log(f"aot_build: {len(variants)} variants, {jobs} jobs, triton {triton.__version__}, cache {cache_dir}")
+    packing = compress.mode(env)
+    log(f"aot_build: {len(variants)} variants, {jobs} jobs, triton {triton.__version__}, "
+        f"images {'compressed fatbinaries' if packing == 'fatbinary' else 'raw (uncompressed)'}, cache {cache_dir}")
     started = time.time()
     results, errors = {}, []
-    job_args = [(v, limits[str(v.arch)], cache_dir, digest) for v in variants]
+    job_args = [(v, limits[str(v.arch)], cache_dir, digest, packing) for v in variants]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_compile_job, a): i for i, a in enumerate(job_args)}
         for done, fut in enumerate(as_completed(futures), 1):
@@ -54,10 +56,11 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
             log(f"[{done}/{len(variants)}] {variants[i].label}  shared={art.meta['shared']}  {how}")
     if errors:
         raise BuildError("aot_build failed:\n  " + "\n  ".join(errors))
-    manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__)
+    manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, packing)
     fresh = sum(1 for a in results.values() if not a.cached)
     log(f"aot_build: wrote {out_dir} ({len(variants)} variants, {fresh} compiled, "
-        f"{len(variants) - fresh} from cache, blob {manifest['blob_size'] / 2**20:.1f} MiB) "
+        f"{len(variants) - fresh} from cache, blob {manifest['blob_size'] / 2**20:.1f} MiB, "
+        f"{sum(len(a.cubin) + len(a.ptx) for a in results.values()) / 2**20:.1f} MiB raw) "
         f"in {time.time() - started:.1f}s")
     return manifest
 
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
                 print(v.label)
             return 0
         build(args.out, args.jobs, args.cache, log=lambda m: print(m, flush=True))
-    except (grid.GridError, BuildError) as e:
+    except (grid.GridError, BuildError, compress.CompressError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

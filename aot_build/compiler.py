@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import compress
 from .grid import Variant
 from .signatures import runtime_params, triton_signature
 
@@ -33,6 +34,8 @@ class Artifact:
     cubin: bytes
     ptx: str
     meta: dict          # name, shared, num_warps, scratch sizes, params
+    cubin_image: bytes  # what gets embedded: the cubin, or a compressed fatbinary of it
+    ptx_image: bytes    # NUL-terminated PTX, or a compressed fatbinary of it
     seconds: float
     cached: bool
 
@@ -58,7 +61,7 @@ def default_cache_dir() -> Path:
 
 
 def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None = None,
-                    source_digest: str | None = None) -> Artifact:
+                    source_digest: str | None = None, packing: str = "none") -> Artifact:
     # Line info would embed absolute paths of this machine in the binaries.
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     import triton
@@ -110,4 +113,20 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
             f"{variant.label}: needs {meta['shared']} bytes of shared memory but sm{variant.arch} "
             f"allows {shared_limit}; shrink BLOCK_M/BLOCK_N/num_stages for this arch in "
             f"aot_build/configs.json")
-    return Artifact(variant, cubin, ptx, meta, time.time() - start, cached)
+    cubin_image, ptx_image = _packed(entry_dir, cubin, ptx, variant.arch, packing)
+    return Artifact(variant, cubin, ptx, meta, cubin_image, ptx_image, time.time() - start, cached)
+
+
+def _packed(entry_dir: Path, cubin: bytes, ptx: str, arch: int, packing: str) -> tuple[bytes, bytes]:
+    """The embeddable images, cached beside the raw ones (packing costs two tool runs)."""
+    if packing == "none":
+        return compress.pack(cubin, ptx, arch, packing)
+    paths = entry_dir / f"cubin.{packing}", entry_dir / f"ptx.{packing}"
+    if all(p.exists() for p in paths):
+        return paths[0].read_bytes(), paths[1].read_bytes()
+    images = compress.pack(cubin, ptx, arch, packing)
+    for path, image in zip(paths, images):
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(image)
+        tmp.replace(path)
+    return images

@@ -24,18 +24,19 @@ def _pad(buf: bytearray) -> None:
     buf.extend(b"\0" * (-len(buf) % BLOB_ALIGN))
 
 
-def write(artifacts: list[Artifact], out_dir: Path, triton_version: str) -> dict:
+def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, packing: str = "none") -> dict:
+    """`packing`: "fatbinary" (compressed images) or "none" (raw cubin and PTX)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     blob = bytearray()
     rows = []
     for art in artifacts:
+        cubin_image, ptx_image = art.cubin_image, art.ptx_image
         cubin_offset = len(blob)
-        blob.extend(art.cubin)
+        blob.extend(cubin_image)
         _pad(blob)
         ptx_offset = len(blob)
-        ptx = art.ptx.encode()
-        blob.extend(ptx + b"\0")  # NUL-terminated: cuModuleLoadData reads PTX as a C string
+        blob.extend(ptx_image)
         _pad(blob)
         v = art.variant
         rows.append({
@@ -46,13 +47,16 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str) -> dict
             "global_scratch_align": art.meta["global_scratch_align"],
             "profile_scratch_size": art.meta["profile_scratch_size"],
             "function": art.meta["name"], "params": art.meta["params"],
-            "cubin_offset": cubin_offset, "cubin_size": len(art.cubin),
-            "cubin_sha256": hashlib.sha256(art.cubin).hexdigest(),
-            "ptx_offset": ptx_offset, "ptx_size": len(ptx),
+            "image_format": packing,
+            "cubin_offset": cubin_offset, "cubin_size": len(cubin_image),
+            "cubin_sha256": hashlib.sha256(cubin_image).hexdigest(),
+            "raw_cubin_size": len(art.cubin), "raw_cubin_sha256": hashlib.sha256(art.cubin).hexdigest(),
+            "ptx_offset": ptx_offset, "ptx_size": len(ptx_image),
+            "raw_ptx_size": len(art.ptx.encode()),
         })
     blob_path = out_dir / "kernels.bin"
     _write_if_changed(blob_path, bytes(blob))
-    manifest = {"triton_version": triton_version, "blob": blob_path.name,
+    manifest = {"triton_version": triton_version, "blob": blob_path.name, "image_format": packing,
                 "blob_size": len(blob), "kernels": rows}
     _write_if_changed(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     _write_if_changed(out_dir / "kernel_table.cpp", _table_cpp(rows, blob_path.resolve(), triton_version).encode())

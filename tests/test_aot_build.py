@@ -3,7 +3,9 @@
 import dataclasses
 import hashlib
 import json
+import os
 import struct
+import subprocess
 import time
 
 import pytest
@@ -68,22 +70,56 @@ def test_over_shared_memory_is_a_build_error(tmp_path):
         compile_variant(huge, limit, cache_dir=tmp_path)
 
 
-def _check_outputs(out_dir, manifest):
+def _cuobjdump():
+    import shutil
+    from pathlib import Path
+
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
+
+
+def _unpacked_images(row, blob, tmp_path):
+    """(cubin bytes, ptx text) of a manifest row, extracting them from fatbinaries if packed."""
+    cubin_image = blob[row["cubin_offset"]:row["cubin_offset"] + row["cubin_size"]]
+    ptx_image = blob[row["ptx_offset"]:row["ptx_offset"] + row["ptx_size"]]
+    assert hashlib.sha256(cubin_image).hexdigest() == row["cubin_sha256"]
+    if row["image_format"] == "none":
+        assert ptx_image.endswith(b"\0")
+        return cubin_image, ptx_image[:-1]
+    assert cubin_image[:4] == ptx_image[:4] == bytes.fromhex("50ed55ba"), "not a fatbinary"
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump to open fatbinaries")
+    out = []
+    for kind, image in (("elf", cubin_image), ("ptx", ptx_image)):
+        work = tmp_path / f"{row['cubin_offset']}_{kind}"
+        work.mkdir()
+        (work / "image.fatbin").write_bytes(image)
+        subprocess.run([tool, f"-x{kind}", "all", "image.fatbin"], cwd=work, check=True, capture_output=True)
+        extracted = [p for p in work.iterdir() if p.name != "image.fatbin"]
+        assert len(extracted) == 1, f"{kind} fatbinary holds {len(extracted)} images"
+        out.append(extracted[0].read_bytes())
+    assert hashlib.sha256(out[0]).hexdigest() == row["raw_cubin_sha256"], "packed cubin differs from the compiled one"
+    assert len(out[0]) == row["raw_cubin_size"]
+    return out[0], out[1]
+
+
+def _check_outputs(out_dir, manifest, tmp_path):
     blob = (out_dir / "kernels.bin").read_bytes()
     assert len(blob) == manifest["blob_size"]
     table = (out_dir / "kernel_table.cpp").read_text()
     assert f"size_t kernel_table_size() {{ return {len(manifest['kernels'])}; }}" in table
     for row in manifest["kernels"]:
-        cubin = blob[row["cubin_offset"]:row["cubin_offset"] + row["cubin_size"]]
-        assert hashlib.sha256(cubin).hexdigest() == row["cubin_sha256"]
+        cubin, ptx = _unpacked_images(row, blob, tmp_path)
         assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == ELF_MACHINE_CUDA
         assert struct.unpack_from("<I", cubin, 48)[0] & 0xFF == row["arch"], "cubin built for another arch"
         assert row["function"].encode() + b"\0" in cubin, "kernel symbol missing from its cubin"
-        ptx = blob[row["ptx_offset"]:row["ptx_offset"] + row["ptx_size"] + 1]
-        assert ptx.endswith(b"\0") and f".entry {row['function']}(".encode() in ptx
+        assert f".entry {row['function']}(".encode() in ptx
         assert f".target sm_{row['arch']}".encode() in ptx
         # Every runtime parameter plus Triton's two scratch pointers appears in the PTX entry.
-        entry = ptx[ptx.index(b".entry"):ptx.index(b")")]
+        entry = ptx[ptx.index(b".entry"):ptx.index(b")", ptx.index(b".entry"))]
         assert entry.count(b".param") == len(row["params"]) + 2
         # The C++ table carries the same offsets and launch metadata as the manifest.
         entry_tail = (f"{row['shared']}, {row['global_scratch_size']}, {row['global_scratch_align']}, "
@@ -92,28 +128,29 @@ def _check_outputs(out_dir, manifest):
         assert entry_tail in table
 
 
-def test_build_writes_consistent_table_and_hits_cache(tmp_path):
-    env = {"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "32"}
-    import os
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        out, cache = tmp_path / "gen", tmp_path / "cache"
-        first = build(out, jobs=2, cache_dir=cache, log=lambda m: None)
-        table_mtime = (out / "kernel_table.cpp").stat().st_mtime_ns
-        logs = []
-        start = time.time()
-        second = build(out, jobs=2, cache_dir=cache, log=logs.append)
-        elapsed = time.time() - start
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+@pytest.mark.parametrize("packing", ["none", "fatbinary"])
+def test_build_writes_consistent_table_and_hits_cache(tmp_path, packing, monkeypatch):
+    from aot_build import compress
+
+    if packing == "fatbinary" and compress.mode({"FATTN_COMPRESS": "auto"}) != "fatbinary":
+        pytest.skip("no fatbinary tool (CUDA toolkit) on PATH")
+    env = {"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "32", "FATTN_COMPRESS": packing}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out, cache = tmp_path / "gen", tmp_path / "cache"
+    first = build(out, jobs=2, cache_dir=cache, log=lambda m: None)
+    table_mtime = (out / "kernel_table.cpp").stat().st_mtime_ns
+    logs = []
+    start = time.time()
+    second = build(out, jobs=2, cache_dir=cache, log=logs.append)
+    elapsed = time.time() - start
     assert len(first["kernels"]) == len(grid.expand(env=env))
     assert first == second
+    assert first["image_format"] == packing
     assert any(f"{len(first['kernels'])} from cache" in line for line in logs), logs
     assert elapsed < 30, f"a cached rebuild took {elapsed:.1f}s"
     assert (out / "kernel_table.cpp").stat().st_mtime_ns == table_mtime, "unchanged table was rewritten"
-    _check_outputs(out, first)
+    _check_outputs(out, first, tmp_path)
+    if packing == "fatbinary":
+        raw = sum(r["raw_cubin_size"] + r["raw_ptx_size"] for r in first["kernels"])
+        assert first["blob_size"] < raw / 2, "compression saved less than half"

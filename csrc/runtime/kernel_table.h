@@ -39,7 +39,9 @@ struct KernelEntry {
   int global_scratch_align;
   int profile_scratch_size;   // bytes per program; 0 = none
   size_t cubin_offset, cubin_size;  // into kernel_blob()
-  size_t ptx_offset, ptx_size;      // NUL-terminated text follows ptx_size bytes
+  size_t ptx_offset, ptx_size;      // into kernel_blob()
+  // Each image is what cuModuleLoadData takes: a compressed fatbinary (the driver
+  // decompresses it at first load), or a raw cubin / NUL-terminated PTX.
   const char* function_name;
 
   // Value of a constexpr; throws if the kernel has no such constant.

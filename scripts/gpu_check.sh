@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the repository root with a library built elsewhere
-# (python/fattn/libfattn.so carried along): GPU tests, then optional benchmarks.
-# Usage: scripts/gpu_check.sh [tests|bench|all] ; results go to $OUT (or ./gpu_out).
+# Runs on the GPU machine from the repository root with a library built elsewhere:
+# GPU tests, then optional benchmarks. Results go to $OUT (or ./gpu_out).
+# Usage: scripts/gpu_check.sh [tests|bench|all]
+#   default: the source package python/fattn (with a carried python/fattn/libfattn.so)
+#   FATTN_WHEEL=dist/fattn-...whl: pip-installs that wheel (--no-deps) into a scratch
+#   folder and tests it instead, proving a wheel built elsewhere works with this torch.
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [[ -n ${FATTN_WHEEL:-} ]]; then
+  rm -rf /tmp/fattn_wheel_site
+  python3 -m pip install -q --no-deps --no-index --target /tmp/fattn_wheel_site "$FATTN_WHEEL" || exit 1
+  export PYTHONPATH=/tmp/fattn_wheel_site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c "import fattn; assert fattn.__file__.startswith('/tmp/fattn_wheel_site'), fattn.__file__"
+else
+  export PYTHONPATH=$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
 if ! python3 -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi

@@ -18,6 +18,8 @@ dQ = scale * dS K, dK = scale * dS^T Q. Scores use the log2 domain as in the for
 import triton
 import triton.language as tl
 
+from .common import visible_key_range
+
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -221,13 +223,7 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diagonal = seqlen_k - seqlen_q
-    if CAUSAL:
-        stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + BLOCK_M + diagonal, 0), seqlen_k)
-        full_stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + 1 + diagonal, 0), stop)
-    else:
-        stop = seqlen_k
-        full_stop = seqlen_k
-    full_stop = (full_stop // BLOCK_N) * BLOCK_N
+    full_stop, stop = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d,
                        0, full_stop, seqlen_k, head_dim, diagonal, qk_scale, BLOCK_N, PAD_D, False, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d,

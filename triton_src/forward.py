@@ -20,6 +20,8 @@ for the mask.
 import triton
 import triton.language as tl
 
+from .common import visible_key_range
+
 
 @triton.jit
 def _attend_key_tiles(
@@ -132,15 +134,7 @@ def attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diagonal = seqlen_k - seqlen_q
-    if CAUSAL:
-        # Keys past the last row's diagonal are invisible to the whole tile.
-        stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + BLOCK_M + diagonal, 0), seqlen_k)
-        # Keys up to the first row's diagonal are visible to every row.
-        full_stop = tl.minimum(tl.maximum(pid_m * BLOCK_M + 1 + diagonal, 0), stop)
-    else:
-        stop = seqlen_k
-        full_stop = seqlen_k
-    full_stop = (full_stop // BLOCK_N) * BLOCK_N
+    full_stop, stop = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,

@@ -1,5 +1,7 @@
 #include "ops/attention_inputs.h"
 
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -161,6 +163,10 @@ void check_backward_inputs(const char* op, const AttentionShape& s, const torch:
       fail(op, stat_names[i], " is on ", device_name(t), " but q is on ", device_name(q));
     }
   }
+}
+
+torch::stable::Tensor as_double(const torch::stable::Tensor& t) {
+  return torch::stable::contiguous(torch::stable::to(t, ScalarType::Double));
 }
 
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim) {

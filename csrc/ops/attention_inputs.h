@@ -37,6 +37,9 @@ inline torch::headeronly::ScalarType lse_dtype(torch::headeronly::ScalarType inp
   return input == torch::headeronly::ScalarType::Double ? input : torch::headeronly::ScalarType::Float;
 }
 
+// A contiguous float64 copy (or view) of `t`: what the CPU reference implementations compute on.
+torch::stable::Tensor as_double(const torch::stable::Tensor& t);
+
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
 
 std::string dtype_name(torch::headeronly::ScalarType t);

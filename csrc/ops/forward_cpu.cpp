@@ -17,10 +17,6 @@ namespace {
 
 using torch::headeronly::ScalarType;
 
-Tensor as_double(const Tensor& t) {
-  return torch::stable::contiguous(torch::stable::to(t, ScalarType::Double));
-}
-
 }  // namespace
 
 std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,

@@ -100,6 +100,10 @@ class WheelForEveryPython(bdist_wheel):
     def get_tag(self):
         build = self.get_finalized_command("build_ext")
         library = Path(build.get_ext_fullpath("fattn.libfattn"))
+        if not library.exists():
+            # Editable installs name their wheel before building anything; the tag
+            # of that throwaway wheel does not matter.
+            return super().get_tag()
         return "py3", "none", manylinux_tag(library)
 
 

@@ -27,6 +27,10 @@ def _strides(*tensors):
     return {f"stride_{t}{d}": "i64" for t in tensors for d in "bsh"}
 
 
+def _strides_named(tensor, dims):
+    return {f"stride_{tensor}{d}": "i64" for d in dims}
+
+
 _BWD_PREPROCESS = {
     "Out": "*T", "DO": "*T", "DLse": "*fp32", "Delta": "*fp32", **_strides("o", "do"),
     "seqlen_q": "i32", "num_heads": "i32", "head_dim": "i32",
@@ -56,11 +60,19 @@ def _aligned(types):
     return out
 
 
+_MERGE = {
+    "Outs": "*T", "Lses": "*fp32", "Out": "*T", "Lse": "*fp32",
+    "stride_ps": "i64", "stride_pb": "i64", "stride_pq": "i64", "stride_ph": "i64",
+    **_strides_named("o", "bqh"),
+    "num_splits": "i32", "seqlen_q": "i32", "num_heads": "i32", "head_dim": "i32",
+}
+
 SIGNATURES = {
     "attn_fwd": (_FORWARD, _FORWARD_ALIGNED),
     "attn_bwd_preprocess": (_BWD_PREPROCESS, _BWD_PREPROCESS_ALIGNED),
     "attn_bwd_dkdv": (_BWD_DKDV, _aligned(_BWD_DKDV)),
     "attn_bwd_dq": (_BWD_DQ, _aligned(_BWD_DQ)),
+    "attn_merge": (_MERGE, _aligned(_MERGE)),
 }
 
 

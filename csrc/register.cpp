@@ -11,14 +11,17 @@ STABLE_TORCH_LIBRARY(fattn, m) {
         "bool deterministic=False) -> (Tensor out, Tensor lse)");
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "float? softmax_scale, bool causal, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("merge_attention_states(Tensor outs, Tensor lses) -> (Tensor out, Tensor lse)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
   m.impl("forward", TORCH_BOX(&fattn::ops::forward_cuda));
   m.impl("backward", TORCH_BOX(&fattn::ops::backward_cuda));
+  m.impl("merge_attention_states", TORCH_BOX(&fattn::ops::merge_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CPU, m) {
   m.impl("forward", TORCH_BOX(&fattn::ops::forward_cpu));
   m.impl("backward", TORCH_BOX(&fattn::ops::backward_cpu));
+  m.impl("merge_attention_states", TORCH_BOX(&fattn::ops::merge_cpu));
 }

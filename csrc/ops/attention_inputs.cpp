@@ -165,6 +165,35 @@ void check_backward_inputs(const char* op, const AttentionShape& s, const torch:
   }
 }
 
+MergeShape check_merge_inputs(const char* op, const torch::stable::Tensor& outs,
+                              const torch::stable::Tensor& lses) {
+  if (outs.dim() != 5) {
+    fail(op, "outs must be a 5-D tensor [splits, batch, seqlen_q, heads, head_dim], got shape ", shape_of(outs));
+  }
+  MergeShape m{outs.size(0), outs.size(1), outs.size(2), outs.size(3), outs.size(4)};
+  if (m.splits < 1) fail(op, "outs must hold at least one partial result (splits >= 1)");
+  if (lses.dim() != 4 || lses.size(0) != m.splits || lses.size(1) != m.batch || lses.size(2) != m.heads ||
+      lses.size(3) != m.seqlen_q) {
+    fail(op, "lses has shape ", shape_of(lses), " but must be [splits, batch, heads, seqlen_q] = [", m.splits,
+         ", ", m.batch, ", ", m.heads, ", ", m.seqlen_q, "]");
+  }
+  if (device_name(lses) != device_name(outs)) {
+    fail(op, "lses is on ", device_name(lses), " but outs is on ", device_name(outs));
+  }
+  const ScalarType t = outs.scalar_type();
+  const bool float_out = t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float ||
+                         (outs.is_cpu() && t == ScalarType::Double);
+  if (!float_out) fail(op, "outs has dtype ", dtype_name(t), "; expected float32, float16 or bfloat16");
+  if (lses.scalar_type() != lse_dtype(t)) {
+    fail(op, "lses has dtype ", dtype_name(lses.scalar_type()), "; expected ", dtype_name(lse_dtype(t)));
+  }
+  if (m.head_dim < 8 || m.head_dim > kMaxHeadDim || m.head_dim % 8 != 0) {
+    fail(op, "head_dim ", m.head_dim, " is not supported; expected a multiple of 8 from 8 to ", kMaxHeadDim);
+  }
+  if (outs.stride(4) != 1) fail(op, "outs must have a contiguous last dim (stride 1), got stride ", outs.stride(4));
+  return m;
+}
+
 torch::stable::Tensor as_double(const torch::stable::Tensor& t) {
   return torch::stable::contiguous(torch::stable::to(t, ScalarType::Double));
 }

@@ -31,6 +31,16 @@ void check_backward_inputs(const char* op, const AttentionShape& s, const torch:
                            const torch::stable::Tensor& lse,
                            const std::optional<torch::stable::Tensor>& dlse);
 
+struct MergeShape {
+  int64_t splits, batch, seqlen_q, heads, head_dim;
+};
+
+// Checks a stack of partial results for merging: outs [splits, batch, seqlen_q, heads,
+// head_dim] (float; last dim contiguous; head_dim a multiple of 8 up to 256) and lses
+// [splits, batch, heads, seqlen_q] (float32, float64 with float64 outs on CPU).
+MergeShape check_merge_inputs(const char* op, const torch::stable::Tensor& outs,
+                              const torch::stable::Tensor& lses);
+
 // lse is float32, except for float64 inputs (CPU only), where it keeps float64 so
 // that gradients through it can be checked by finite differences.
 inline torch::headeronly::ScalarType lse_dtype(torch::headeronly::ScalarType input) {

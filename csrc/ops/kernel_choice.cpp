@@ -47,7 +47,7 @@ int choose_arch(const char* op, const char* kernel, int device, bool* from_ptx) 
 
 KernelChoice choose_kernel(const char* op, const char* kernel, int device, ScalarType dtype,
                            int64_t head_dim, std::vector<std::pair<const char*, int64_t>> flags) {
-  const char* dtype_tag = dtype == ScalarType::Half ? "fp16" : "bf16";
+  const char* dtype_tag = dtype == ScalarType::Half ? "fp16" : dtype == ScalarType::BFloat16 ? "bf16" : "fp32";
   bool from_ptx = false;
   const int arch = choose_arch(op, kernel, device, &from_ptx);
   // The smallest compiled head-dim bucket that holds head_dim.

@@ -32,4 +32,9 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(Tensor dout, Tensor q, Tensor k,
                                                 std::optional<double> softmax_scale, bool causal,
                                                 bool deterministic);
 
+// fattn::merge_attention_states: one (out, lse) from a stack of partial results over
+// disjoint key sets, weighted by their lse in fp32; -inf partials are ignored.
+std::tuple<Tensor, Tensor> merge_cuda(Tensor outs, Tensor lses);
+std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
+
 }  // namespace fattn::ops

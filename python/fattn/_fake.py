@@ -19,3 +19,10 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False
 def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
     # Fresh contiguous gradients shaped like q, k and v (csrc/ops/backward_*.cpp).
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.register_fake("fattn::merge_attention_states")
+def _merge_fake(outs, lses):
+    _, batch, seqlen_q, heads, head_dim = outs.shape
+    lse_dtype = torch.float64 if outs.dtype == torch.float64 else torch.float32
+    return outs.new_empty((batch, seqlen_q, heads, head_dim)), outs.new_empty((batch, heads, seqlen_q), dtype=lse_dtype)

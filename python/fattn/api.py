@@ -38,3 +38,25 @@ def flash_attn_func(
     """
     out, lse = torch.ops.fattn.forward(q, k, v, softmax_scale, causal, deterministic)
     return (out, lse) if return_lse else out
+
+
+def merge_attention_states(outs, lses):
+    """Combine attention results over disjoint key sets into the result over their union.
+
+    Args:
+        outs: partial outputs, a tensor [splits, batch, seqlen_q, heads, head_dim] or a
+           sequence of [batch, seqlen_q, heads, head_dim] tensors (fp32, fp16 or bf16).
+        lses: their log-sum-exps, [splits, batch, heads, seqlen_q] or a sequence of
+           [batch, heads, seqlen_q], float32 (as returned with return_lse=True).
+
+    Returns:
+        (out, lse): out in the partials' dtype, lse float32. The merge runs in fp32:
+        out = sum_s exp(lse_s - lse) out_s with lse = logsumexp_s lse_s. Partials with
+        lse = -inf (they saw no key) are ignored; a row no partial saw gives 0 and -inf.
+        Serves split-K decoding, ring attention and cascade inference alike.
+    """
+    if not isinstance(outs, torch.Tensor):
+        outs = torch.stack(list(outs))
+    if not isinstance(lses, torch.Tensor):
+        lses = torch.stack(list(lses))
+    return torch.ops.fattn.merge_attention_states(outs, lses)

@@ -10,6 +10,8 @@ load_library()
 
 from . import _autograd, _fake  # noqa: E402,F401  (register fake implementations and autograd)
 from .api import flash_attn_func, merge_attention_states  # noqa: E402
+from . import ring  # noqa: E402
+from .ring import ring_flash_attn_func  # noqa: E402
 
-__all__ = ["flash_attn_func", "merge_attention_states", "build_info", "library_path"]
+__all__ = ["flash_attn_func", "merge_attention_states", "ring_flash_attn_func", "ring", "build_info", "library_path"]
 __version__ = "0.1.0"

@@ -1,0 +1,279 @@
+"""Ring attention: exact attention over a sequence sharded across the ranks of a group.
+
+Each rank holds a shard of q, k and v ([batch, seqlen / world, heads, head_dim]). K/V
+blocks travel around the ring with torch.distributed point-to-point ops, posted before
+each step's kernel so the transfer hides behind it. Each step's partial (out, lse)
+merges into an fp32 accumulator through fattn.merge_attention_states. The backward
+runs a second ring: dK/dV accumulators travel with their K/V block and arrive home
+after `world` steps, dQ accumulates locally in fp32, and every block's gradient is
+computed against the global out/lse.
+
+Sharding, for causal attention of a sequence cut into 2 * world chunks:
+- "zigzag": rank r holds chunks r and 2*world-1-r, so every rank does the same work;
+- "contiguous": rank r holds chunks 2r and 2r+1 (plain contiguous sharding).
+`shard` / `unshard` convert between a full sequence and the shards of either layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+SHARDINGS = ("zigzag", "contiguous")
+
+
+# ---------------------------------------------------------------- sharding helpers
+
+def _chunks_of_rank(rank: int, world: int, sharding: str) -> tuple[int, int]:
+    if sharding == "zigzag":
+        return rank, 2 * world - 1 - rank
+    return 2 * rank, 2 * rank + 1
+
+
+def shard(x: torch.Tensor, world: int, rank: int, sharding: str = "zigzag", dim: int = 1) -> torch.Tensor:
+    """The shard of the full sequence `x` (sequence along `dim`) that `rank` holds."""
+    _check_sharding(sharding)
+    if x.shape[dim] % (2 * world):
+        raise ValueError(f"fattn.ring.shard: sequence length {x.shape[dim]} is not divisible by "
+                         f"2 * world = {2 * world}")
+    chunks = x.chunk(2 * world, dim=dim)
+    a, b = _chunks_of_rank(rank, world, sharding)
+    return torch.cat([chunks[a], chunks[b]], dim=dim)
+
+
+def unshard(shards: list[torch.Tensor], sharding: str = "zigzag", dim: int = 1) -> torch.Tensor:
+    """The full sequence from the shards of every rank, in rank order."""
+    _check_sharding(sharding)
+    world = len(shards)
+    chunks: list[torch.Tensor | None] = [None] * (2 * world)
+    for rank, s in enumerate(shards):
+        first, second = s.chunk(2, dim=dim)
+        a, b = _chunks_of_rank(rank, world, sharding)
+        chunks[a], chunks[b] = first, second
+    return torch.cat(chunks, dim=dim)
+
+
+def _check_sharding(sharding: str) -> None:
+    if sharding not in SHARDINGS:
+        raise ValueError(f"fattn.ring: sharding must be one of {SHARDINGS}, got {sharding!r}")
+
+
+# ---------------------------------------------------------------- the schedule
+
+@dataclass(frozen=True)
+class _Step:
+    """What a rank computes against the K/V block of `source`: q rows x kv rows, causal or not."""
+    q_rows: slice
+    kv_rows: slice
+    causal: bool
+
+
+def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, sharding: str) -> _Step | None:
+    everything = slice(0, local_len)
+    if not causal:
+        return _Step(everything, everything, False)
+    if source == rank:
+        # Own block: the local positions are in sequence order in both layouts, so
+        # causal attention over the local concatenation is exact.
+        return _Step(everything, everything, True)
+    half = local_len // 2
+    if sharding == "contiguous":
+        # Earlier ranks' keys are all visible; later ranks' keys none.
+        return _Step(everything, everything, False) if source < rank else None
+    if source < rank:
+        # Chunk `source` precedes both local chunks; chunk 2w-1-source follows both.
+        return _Step(everything, slice(0, half), False)
+    # Both chunks of a later source lie between the local chunks: only the second
+    # local chunk (2w-1-rank) sees them.
+    return _Step(slice(half, local_len), everything, False)
+
+
+# ---------------------------------------------------------------- communication
+
+class _Ring:
+    """Point-to-point exchange with the ring neighbours of this rank in `group`."""
+
+    def __init__(self, group):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group else (self.rank + 1) % self.world
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group else (self.rank - 1) % self.world
+        self.p2p_ops = 0  # posted so far; tests check it against the design
+
+    def exchange(self, tensors: list[torch.Tensor]):
+        """Posts send(tensors -> next) and recv(<- prev); returns (received, handles)."""
+        received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
+        self.p2p_ops += len(ops)
+        return received, dist.batch_isend_irecv(ops)
+
+
+def _wait(handles) -> None:
+    for h in handles:
+        h.wait()
+
+
+# ---------------------------------------------------------------- forward and backward
+
+def _accumulate(acc_out, acc_lse, rows, part_out, part_lse):
+    """Merges one partial into the fp32 accumulator rows, in place."""
+    from .api import merge_attention_states
+
+    outs = torch.stack([acc_out[:, rows], part_out.to(acc_out.dtype)])
+    lses = torch.stack([acc_lse[:, :, rows], part_lse.to(acc_lse.dtype)])
+    merged_out, merged_lse = merge_attention_states(outs, lses)
+    acc_out[:, rows] = merged_out
+    acc_lse[:, :, rows] = merged_lse
+
+
+def _new_accumulator(q):
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    b, n, h, d = q.shape
+    out = torch.zeros(b, n, h, d, dtype=acc_dtype, device=q.device)
+    lse = torch.full((b, h, n), float("-inf"), dtype=acc_dtype, device=q.device)
+    return out, lse
+
+
+def _forward_step(acc, q, k, v, step: _Step | None, softmax_scale):
+    if step is None:
+        return
+    part_out, part_lse = torch.ops.fattn.forward(
+        q[:, step.q_rows], k[:, step.kv_rows], v[:, step.kv_rows], softmax_scale, step.causal, False)
+    _accumulate(acc[0], acc[1], step.q_rows, part_out, part_lse)
+
+
+def _ring_forward(q, k, v, ring: _Ring, causal, softmax_scale, sharding):
+    acc = _new_accumulator(q)
+    for i in range(ring.world):
+        pending = ring.exchange([k, v]) if i < ring.world - 1 else None
+        source = (ring.rank - i) % ring.world
+        _forward_step(acc, q, k, v, _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding), softmax_scale)
+        if pending:
+            _wait(pending[1])
+            k, v = pending[0]
+    out, lse = acc
+    return out.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, causal, softmax_scale, sharding, deterministic):
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros_like(q, dtype=acc_dtype)
+    dkv_pending = None
+    for i in range(ring.world):
+        kv_pending = ring.exchange([k, v]) if i < ring.world - 1 else None
+        source = (ring.rank - i) % ring.world
+        step = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding)
+        dk = torch.zeros_like(k, dtype=acc_dtype)
+        dv = torch.zeros_like(v, dtype=acc_dtype)
+        if step is not None:
+            r, c = step.q_rows, step.kv_rows
+            dq_p, dk_p, dv_p = torch.ops.fattn.backward(
+                dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
+                None if dlse is None else dlse[:, :, r], softmax_scale, step.causal, deterministic)
+            dq[:, r] += dq_p
+            dk[:, c] += dk_p
+            dv[:, c] += dv_p
+        if dkv_pending is not None:
+            # The accumulator of this block, from the ranks that saw it before us.
+            _wait(dkv_pending[1])
+            dk += dkv_pending[0][0]
+            dv += dkv_pending[0][1]
+        # Pass it on; after `world` steps each accumulator is back with its owner.
+        dkv_pending = ring.exchange([dk, dv])
+        if kv_pending:
+            _wait(kv_pending[1])
+            k, v = kv_pending[0]
+    _wait(dkv_pending[1])
+    dk, dv = dkv_pending[0]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal, softmax_scale, sharding, deterministic):
+        ring = _Ring(group)
+        out, lse = _ring_forward(q, k, v, ring, causal, softmax_scale, sharding)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.settings = (group, causal, softmax_scale, sharding, deterministic)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, causal, softmax_scale, sharding, deterministic = ctx.settings
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _ring_backward(dout.contiguous(), dlse, q, k, v, out, lse, _Ring(group), causal,
+                                    softmax_scale, sharding, deterministic)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _check_inputs(q, k, v, group, sharding, window_size):
+    _check_sharding(sharding)
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError("fattn.ring_flash_attn_func: window_size is not supported yet "
+                                  "(the kernels have no sliding-window mask); pass (-1, -1)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"fattn.ring_flash_attn_func: {name} must be [batch, seqlen/world, heads, head_dim], "
+                             f"got shape {list(t.shape)}")
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError(f"fattn.ring_flash_attn_func: q, k and v shards must have one length, got "
+                         f"{q.shape[1]}, {k.shape[1]}, {v.shape[1]}")
+    world = dist.get_world_size(group)
+    if sharding == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"fattn.ring_flash_attn_func: zigzag shards hold two equal chunks, so the local "
+                         f"length must be even (the sequence divisible by 2 * world = {2 * world}); "
+                         f"got {q.shape[1]}")
+    # One small all-gather tells every rank what the others hold: unequal shards or
+    # mismatched dtypes would otherwise hang or corrupt the ring.
+    dtype_codes = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+    meta = torch.tensor([q.shape[1], dtype_codes.get(q.dtype, 0), q.shape[0], q.shape[2], k.shape[2], q.shape[3]],
+                        dtype=torch.int64, device=q.device if dist.get_backend(group) == "nccl" else "cpu")
+    gathered = [torch.empty_like(meta) for _ in range(world)]
+    dist.all_gather(gathered, meta, group=group)
+    names = ("shard length", "dtype", "batch", "heads", "kv heads", "head_dim")
+    for rank, other in enumerate(gathered):
+        for i, name in enumerate(names):
+            if other[i] != meta[i]:
+                raise ValueError(f"fattn.ring_flash_attn_func: rank {rank} has {name} {other[i].item()} but rank "
+                                 f"{dist.get_rank(group)} has {meta[i].item()}; every rank needs equal shards "
+                                 f"of one dtype")
+
+
+def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
+                         deterministic=False, return_lse=False, sharding="zigzag"):
+    """Attention of this rank's q shard over the whole sequence held by `group`.
+
+    q, k, v: this rank's shard, [batch, seqlen / world, heads, head_dim] (GQA allowed),
+    laid out by `sharding` ("zigzag" or "contiguous"; see `shard`). Returns this rank's
+    out shard (and its lse, float32 [batch, heads, seqlen / world], differentiable).
+    Works with NCCL (one process per GPU, e.g. under torchrun) and gloo (CPU tensors).
+    """
+    _check_inputs(q, k, v, group, sharding, window_size)
+    out, lse = _RingAttention.apply(q, k, v, group, causal, softmax_scale, sharding, deterministic)
+    return (out, lse) if return_lse else out
+
+
+def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zigzag", return_lse=False):
+    """The forward ring schedule for `world` virtual ranks, run in one process on one device.
+
+    Takes the full sequences, shards them, runs every rank's steps in ring order (the
+    block a rank sees at step i is the one rank - i started with) and returns the
+    unsharded result: a way to study the schedule without a process group.
+    """
+    _check_sharding(sharding)
+    qs, ks, vs = ([shard(t, world, r, sharding) for r in range(world)] for t in (q, k, v))
+    accs = [_new_accumulator(qs[r]) for r in range(world)]
+    for i in range(world):
+        for r in range(world):
+            source = (r - i) % world
+            step = _plan(r, source, world, qs[r].shape[1], causal, sharding)
+            _forward_step(accs[r], qs[r], ks[source], vs[source], step, softmax_scale)
+    out = unshard([a[0].to(q.dtype) for a in accs], sharding)
+    lse = unshard([a[1] for a in accs], sharding, dim=2)
+    return (out, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)) if return_lse else out

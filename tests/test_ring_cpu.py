@@ -1,0 +1,119 @@
+"""Ring attention on CPU: gloo worlds of 2, 3 and 4 processes against single-process attention."""
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fattn
+from fattn.reference import attention_reference
+from fattn.ring import shard, simulate, unshard
+
+BATCH, SEQLEN, HEADS, KV_HEADS, HEAD_DIM = 2, 24, 4, 2, 16  # 24 is divisible by 2 * world for 2, 3, 4
+
+
+def _full_problem(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(BATCH, SEQLEN, HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    k = torch.randn(BATCH, SEQLEN, KV_HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    v = torch.randn(BATCH, SEQLEN, KV_HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    w_out = torch.randn(BATCH, SEQLEN, HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    w_lse = torch.randn(BATCH, HEADS, SEQLEN, generator=g, dtype=torch.float64)
+    return q, k, v, w_out, w_lse
+
+
+def _check_rank(rank, world):
+    q, k, v, w_out, w_lse = _full_problem()
+    for causal in (False, True):
+        for sharding in ("zigzag", "contiguous"):
+            # Single-process truth, with gradients of out and lse.
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref_out, ref_lse = attention_reference(*leaves, None, causal)
+            ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
+            ref_grads = [t.grad for t in leaves]
+
+            local = [shard(t, world, rank, sharding).clone().requires_grad_() for t in (q, k, v)]
+            out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding)
+            loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
+            loss.backward()
+            what = f"rank {rank}/{world} causal={causal} {sharding}"
+            tol = 1e-10 * world  # float64: rounding grows with the number of merged steps
+            torch.testing.assert_close(out, shard(ref_out, world, rank, sharding), atol=tol, rtol=tol, msg=what)
+            torch.testing.assert_close(lse, shard(ref_lse, world, rank, sharding, dim=2), atol=tol, rtol=tol, msg=what)
+            for got, want, name in zip((t.grad for t in local), ref_grads, ("dq", "dk", "dv")):
+                torch.testing.assert_close(got, shard(want, world, rank, sharding), atol=tol, rtol=tol,
+                                           msg=f"{what} {name}")
+
+
+def _check_bad_input(rank, world):
+    q, k, v, _, _ = _full_problem()
+    local = [shard(t, world, rank) for t in (q, k, v)]
+    # Unequal shards: rank 0 holds one row fewer (zigzag needs even shards, so drop two).
+    uneven = [t[:, :-2] if rank == 0 else t for t in local]
+    with pytest.raises(ValueError, match=r"rank 0 has shard length 10 but rank 1 has 12|rank 1 has shard length 12 but rank 0 has 10"):
+        fattn.ring_flash_attn_func(*uneven, causal=True)
+    mixed = [t.float() if rank == 1 else t for t in local]
+    with pytest.raises(ValueError, match=r"has dtype"):
+        fattn.ring_flash_attn_func(*mixed, causal=True)
+    with pytest.raises(ValueError, match=r"local length must be even"):
+        fattn.ring_flash_attn_func(*(t[:, :-1] for t in local), causal=True)
+    with pytest.raises(NotImplementedError, match=r"window_size"):
+        fattn.ring_flash_attn_func(*local, window_size=(8, 0))
+
+
+def _worker(rank, world, init_file, check_name, errors_dir):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        {"ring": _check_rank, "bad_input": _check_bad_input}[check_name](rank, world)
+        dist.barrier()
+    except BaseException:
+        with open(os.path.join(errors_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _spawn(world, check_name):
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        try:
+            mp.spawn(_worker, args=(world, init_file, check_name, tmp), nprocs=world, join=True)
+        except Exception:
+            reports = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("rank")]
+            pytest.fail("\n".join(reports) or "a worker failed")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ring_matches_single_process_attention(world):
+    _spawn(world, "ring")
+
+
+def test_ring_bad_input_is_a_clear_error():
+    _spawn(2, "bad_input")
+
+
+@pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
+def test_shard_unshard_round_trip(sharding):
+    x = torch.arange(2 * 12 * 3).reshape(2, 12, 3)
+    shards = [shard(x, 3, r, sharding) for r in range(3)]
+    assert all(s.shape == (2, 4, 3) for s in shards)
+    torch.testing.assert_close(unshard(shards, sharding), x)
+    if sharding == "zigzag":  # rank 0 holds the first and the last chunk
+        torch.testing.assert_close(shards[0], torch.cat([x[:, 0:2], x[:, 10:12]], dim=1))
+
+
+@pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_simulate_matches_full_attention(world, causal, sharding):
+    q, k, v, _, _ = _full_problem(seed=world)
+    out, lse = simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True)
+    want_out, want_lse = attention_reference(q, k, v, None, causal)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)

@@ -67,12 +67,45 @@ _MERGE = {
     "num_splits": "i32", "seqlen_q": "i32", "num_heads": "i32", "head_dim": "i32",
 }
 
+_DECODE_SCALARS = {
+    "seqlen_q": "i32", "num_heads": "i32", "kv_group_size": "i32", "head_dim": "i32", "seqlen_new": "i32",
+    "capacity": "i32", "page_size": "i32", "num_splits": "i32", "window_left": "i32", "window_right": "i32",
+    "qk_scale": "fp32", "softcap_log2": "fp32",
+}
+_DECODE_SPLIT = {
+    "Q": "*T", "KCache": "*T", "VCache": "*T", "CacheSeqlens": "*i32", "BlockTable": "*i32",
+    "PartOut": "*fp32", "PartLse": "*fp32", "Out": "*T", "Lse": "*fp32",
+    **_strides("q", "k", "v"), "stride_tb": "i64", **_DECODE_SCALARS,
+}
+_KV_APPEND = {
+    "KNew": "*T", "VNew": "*T", "KCache": "*T", "VCache": "*T", "CacheSeqlens": "*i32", "BlockTable": "*i32",
+    **_strides("nk", "nv", "k", "v"), "stride_tb": "i64", "page_size": "i32", "capacity": "i32",
+    "head_dim": "i32",
+}
+_DECODE_MERGE = {
+    "PartOut": "*fp32", "PartLse": "*fp32", "Out": "*T", "Lse": "*fp32",
+    "num_rows": "i64", "num_splits": "i32", "seqlen_q": "i32", "num_heads": "i32", "head_dim": "i32",
+}
+
+
+def _aligned_except(types, *names):
+    """_aligned, minus parameters that carry no such promise (int32 index tensors that
+    may be views, the block table's row stride)."""
+    out = _aligned(types)
+    for name in names:
+        out.pop(name, None)
+    return out
+
+
 SIGNATURES = {
     "attn_fwd": (_FORWARD, _FORWARD_ALIGNED),
     "attn_bwd_preprocess": (_BWD_PREPROCESS, _BWD_PREPROCESS_ALIGNED),
     "attn_bwd_dkdv": (_BWD_DKDV, _aligned(_BWD_DKDV)),
     "attn_bwd_dq": (_BWD_DQ, _aligned(_BWD_DQ)),
     "attn_merge": (_MERGE, _aligned(_MERGE)),
+    "attn_decode_split": (_DECODE_SPLIT, _aligned_except(_DECODE_SPLIT, "CacheSeqlens", "BlockTable", "stride_tb")),
+    "kv_append": (_KV_APPEND, _aligned_except(_KV_APPEND, "CacheSeqlens", "BlockTable", "stride_tb")),
+    "attn_decode_merge": (_DECODE_MERGE, _aligned(_DECODE_MERGE)),
 }
 
 

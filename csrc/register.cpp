@@ -12,16 +12,22 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "float? softmax_scale, bool causal, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("merge_attention_states(Tensor outs, Tensor lses) -> (Tensor out, Tensor lse)");
+  // k_cache and v_cache are written in place when k and v are given (the append).
+  m.def("decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+        "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
+        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0) -> (Tensor out, Tensor lse)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
   m.impl("forward", TORCH_BOX(&fattn::ops::forward_cuda));
   m.impl("backward", TORCH_BOX(&fattn::ops::backward_cuda));
   m.impl("merge_attention_states", TORCH_BOX(&fattn::ops::merge_cuda));
+  m.impl("decode", TORCH_BOX(&fattn::ops::decode_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CPU, m) {
   m.impl("forward", TORCH_BOX(&fattn::ops::forward_cpu));
   m.impl("backward", TORCH_BOX(&fattn::ops::backward_cpu));
   m.impl("merge_attention_states", TORCH_BOX(&fattn::ops::merge_cpu));
+  m.impl("decode", TORCH_BOX(&fattn::ops::decode_cpu));
 }

@@ -3,29 +3,13 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 
 namespace fattn::ops {
-namespace {
 
 using torch::headeronly::ScalarType;
 
-template <typename... Parts>
-[[noreturn]] void fail(const char* op, const Parts&... parts) {
-  std::ostringstream message;
-  message << op << ": ";
-  (message << ... << parts);
-  throw std::runtime_error(message.str());
-}
-
-std::string shape_of(const torch::stable::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-bool dtype_supported(const torch::stable::Tensor& t) {
+bool attention_dtype_supported(const torch::stable::Tensor& t) {
   ScalarType s = t.scalar_type();
   if (s == ScalarType::Half || s == ScalarType::BFloat16) return true;
   // The CPU implementation is the semantic reference; it also takes fp32/fp64
@@ -33,7 +17,11 @@ bool dtype_supported(const torch::stable::Tensor& t) {
   return t.is_cpu() && (s == ScalarType::Float || s == ScalarType::Double);
 }
 
-}  // namespace
+std::string shape_of(const torch::stable::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
 
 std::string dtype_name(ScalarType t) {
   switch (t) {
@@ -78,7 +66,7 @@ AttentionShape check_attention_inputs(const char* op, const torch::stable::Tenso
            "; q, k and v must be on one device");
     }
   }
-  if (!dtype_supported(q)) {
+  if (!attention_dtype_supported(q)) {
     fail(op, "q has dtype ", dtype_name(q.scalar_type()), "; expected float16 or bfloat16",
          q.is_cpu() ? " (or float32/float64 on CPU)" : "");
   }

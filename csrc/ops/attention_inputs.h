@@ -5,6 +5,8 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace fattn::ops {
@@ -52,6 +54,18 @@ torch::stable::Tensor as_double(const torch::stable::Tensor& t);
 
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
 
+// Throws std::runtime_error "<op>: <parts...>": every input error goes through here.
+template <typename... Parts>
+[[noreturn]] void fail(const char* op, const Parts&... parts) {
+  std::ostringstream message;
+  message << op << ": ";
+  (message << ... << parts);
+  throw std::runtime_error(message.str());
+}
+
+std::string shape_of(const torch::stable::Tensor& t);
+// float16/bfloat16 anywhere; float32/float64 also on CPU (the reference implementations).
+bool attention_dtype_supported(const torch::stable::Tensor& t);
 std::string dtype_name(torch::headeronly::ScalarType t);
 std::string device_name(const torch::stable::Tensor& t);
 

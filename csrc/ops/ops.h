@@ -37,4 +37,18 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(Tensor dout, Tensor q, Tensor k,
 std::tuple<Tensor, Tensor> merge_cuda(Tensor outs, Tensor lses);
 std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
 
+// fattn::decode: attention of 1..16 query tokens per sequence over a (paged) KV cache,
+// after appending the optional new tokens k/v in place at cache_seqlens. Returns out
+// [batch, seqlen_q, heads, head_dim] (q's dtype) and lse float32 [batch, heads, seqlen_q].
+std::tuple<Tensor, Tensor> decode_cuda(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k,
+                                       std::optional<Tensor> v, std::optional<Tensor> cache_seqlens,
+                                       std::optional<Tensor> block_table, std::optional<double> softmax_scale,
+                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                       int64_t num_splits);
+std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k,
+                                      std::optional<Tensor> v, std::optional<Tensor> cache_seqlens,
+                                      std::optional<Tensor> block_table, std::optional<double> softmax_scale,
+                                      bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                      int64_t num_splits);
+
 }  // namespace fattn::ops

@@ -119,17 +119,30 @@ int device_attribute(int device, int attribute) {
   return value;
 }
 
-int compute_capability(int device) {
-  static std::mutex mutex;
-  static std::vector<int> known;
+namespace {
+
+// One attribute of `device`, read from the driver once and remembered.
+int cached_attribute(int device, int attribute, std::vector<int>& known, std::mutex& mutex) {
   std::lock_guard<std::mutex> lock(mutex);
   if (device < 0) throw std::runtime_error("fattn: invalid CUDA device index");
   if (known.size() <= static_cast<size_t>(device)) known.resize(device + 1, -1);
-  if (known[device] < 0) {
-    known[device] = 10 * device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) +
-                    device_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-  }
+  if (known[device] < 0) known[device] = device_attribute(device, attribute);
   return known[device];
+}
+
+}  // namespace
+
+int compute_capability(int device) {
+  static std::mutex mutex;
+  static std::vector<int> major, minor;
+  return 10 * cached_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, major, mutex) +
+         cached_attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, minor, mutex);
+}
+
+int multiprocessor_count(int device) {
+  static std::mutex mutex;
+  static std::vector<int> known;
+  return cached_attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, known, mutex);
 }
 
 }  // namespace fattn::cuda

@@ -70,4 +70,7 @@ int device_attribute(int device, int attribute);
 // 10 * major + minor of `device`, read once per device.
 int compute_capability(int device);
 
+// The number of SMs of `device`, read once per device.
+int multiprocessor_count(int device);
+
 }  // namespace fattn::cuda

@@ -9,9 +9,9 @@ from ._library import build_info, library_path, load_library
 load_library()
 
 from . import _autograd, _fake  # noqa: E402,F401  (register fake implementations and autograd)
-from .api import flash_attn_func, merge_attention_states  # noqa: E402
+from .api import flash_attn_func, flash_attn_with_kvcache, merge_attention_states  # noqa: E402
 from . import ring  # noqa: E402
 from .ring import ring_flash_attn_func  # noqa: E402
 
-__all__ = ["flash_attn_func", "merge_attention_states", "ring_flash_attn_func", "ring", "build_info", "library_path"]
+__all__ = ["flash_attn_func", "flash_attn_with_kvcache", "merge_attention_states", "ring_flash_attn_func", "ring", "build_info", "library_path"]
 __version__ = "0.1.0"

@@ -26,3 +26,13 @@ def _merge_fake(outs, lses):
     _, batch, seqlen_q, heads, head_dim = outs.shape
     lse_dtype = torch.float64 if outs.dtype == torch.float64 else torch.float32
     return outs.new_empty((batch, seqlen_q, heads, head_dim)), outs.new_empty((batch, heads, seqlen_q), dtype=lse_dtype)
+
+
+@torch.library.register_fake("fattn::decode")
+def _decode_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None,
+                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0):
+    # The append mutates the caches in place (declared in the schema); the outputs are
+    # fresh and contiguous, as in csrc/ops/decode_*.cpp.
+    batch, seqlen_q, heads, head_dim = q.shape
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty((batch, seqlen_q, heads, head_dim)), q.new_empty((batch, heads, seqlen_q), dtype=lse_dtype)

@@ -60,3 +60,60 @@ def merge_attention_states(outs, lses):
     if not isinstance(lses, torch.Tensor):
         lses = torch.stack(list(lses))
     return torch.ops.fattn.merge_attention_states(outs, lses)
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | int | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    return_lse: bool = False,
+):
+    """Attention of a few new query tokens over a KV cache (flash decoding), in
+    flash-attn's conventions. Inference only (no autograd).
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim] with 1 <= seqlen_q <= 16 (speculative
+           decoding), float16 or bfloat16 on CUDA.
+        k_cache, v_cache: [batch, capacity, kv_heads, head_dim], or with block_table a
+           paged cache [num_pages, page_size, kv_heads, head_dim] (page_size a multiple
+           of 16). Updated in place when k/v are given.
+        k, v: optional new tokens [batch, seqlen_new, kv_heads, head_dim], written into the
+           cache at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before
+           attending. cache_seqlens itself is not advanced: that is the caller's job.
+        cache_seqlens: int32 [batch] (or an int for every sequence): keys already in each
+           sequence's cache. None means every sequence fills its cache.
+        block_table: int32 [batch, pages_per_seq]: key j of sequence b lives in page
+           block_table[b, j // page_size] at slot j % page_size.
+        softmax_scale: default 1/sqrt(head_dim).
+        causal: query t sees key j iff j <= t + seqlen_k - seqlen_q (bottom-right), the
+           same as window_size=(left, 0).
+        window_size: (left, right) sliding window; -1 is unbounded on that side.
+        softcap: if > 0, scores become softcap * tanh(scores / softcap).
+        num_splits: split-K chunks per sequence on CUDA; 0 picks them from the shapes and
+           the SM count. The grid never depends on cache_seqlens' values, so a decode step
+           can be captured in a CUDA graph and replayed with new lengths.
+        return_lse: also return lse, float32 [batch, heads, seqlen_q].
+
+    Returns:
+        out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse). Rows that see
+        no key give out = 0 and lse = -inf.
+
+    On CUDA, an append past a sequence's capacity is dropped and out-of-range
+    block_table entries are not detected (checking either needs the device's values,
+    a host sync); the CPU implementation raises for both.
+    """
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    left, right = window_size
+    out, lse = torch.ops.fattn.decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
+                                      causal, left, right, softcap, num_splits)
+    return (out, lse) if return_lse else out

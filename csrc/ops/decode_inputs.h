@@ -1,0 +1,39 @@
+// Validation of fattn::decode's inputs, shared by its CUDA and CPU implementations.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <optional>
+
+namespace fattn::ops {
+
+constexpr int64_t kMaxDecodeQueries = 16;  // query tokens per sequence (speculative decoding)
+constexpr int64_t kMaxDecodeSplits = 256;
+
+struct DecodeShape {
+  int64_t batch, seqlen_q, heads, kv_heads, head_dim;
+  int64_t capacity;     // keys a sequence can hold: cache seqlen, or pages_per_seq * page_size
+  int64_t seqlen_new;   // tokens appended by this call (0 without k/v)
+  bool paged;
+  int64_t page_size;    // paged: tokens per page; contiguous: capacity
+  int64_t num_pages;    // paged: pages in the cache; contiguous: batch
+  int64_t pages_per_seq;
+  int64_t group() const { return heads / kv_heads; }
+};
+
+// Checks everything that can be checked from shapes, dtypes and devices (no device
+// values): throws std::runtime_error naming the argument and the expectation.
+DecodeShape check_decode_inputs(const char* op, const torch::stable::Tensor& q,
+                                const torch::stable::Tensor& k_cache, const torch::stable::Tensor& v_cache,
+                                const std::optional<torch::stable::Tensor>& k,
+                                const std::optional<torch::stable::Tensor>& v,
+                                const std::optional<torch::stable::Tensor>& cache_seqlens,
+                                const std::optional<torch::stable::Tensor>& block_table,
+                                std::optional<double> softmax_scale, double softcap, int64_t num_splits);
+
+// The CPU-only checks of device values: cache_seqlens in [0, capacity - seqlen_new] and the
+// block_table entries of the pages each sequence uses in [0, num_pages). `seqlens` and `table`
+// point to contiguous int32 data ([batch] and [batch, pages_per_seq]); either may be null.
+void check_decode_values(const char* op, const DecodeShape& s, const int32_t* seqlens, const int32_t* table);
+
+}  // namespace fattn::ops

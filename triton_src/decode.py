@@ -1,0 +1,234 @@
+"""Flash decoding: attention of a few query tokens over a long (paged) KV cache.
+
+Decoding is bound by reading K and V once, not by arithmetic, so the work is cut
+along the keys (split-K) until there are enough programs to keep every SM's
+loads in flight:
+
+- `kv_append` writes the new tokens' k/v into the cache at cache_seqlens[b].
+- `attn_decode_split`: one program per (split, kv head, row tile, batch). Its row
+  tile holds every query head of the KV group for every query token (rows are
+  token-major: row = token * group + head_in_group), so each K/V byte is read by
+  one program, and the tile is wide enough for tensor cores. A program attends
+  to its chunk of the sequence's keys and writes a partial (out, lse) in fp32;
+  with a single split it writes the final output directly.
+- `attn_decode_merge` combines the partials by their lse in fp32.
+
+Sequence lengths are read on the device (cache_seqlens), so the grid depends on
+shapes only: a decode step can be captured in a CUDA graph and replayed with new
+lengths. Each program derives its chunk from the actual length, so splits stay
+balanced however full the cache is.
+
+Scores live in the log2 domain (log2(e) folded into the scale, exp2 in the
+softmax), as in the forward kernel. Masking (causal, sliding window) is applied
+to every key tile: the kernel is bound by memory, the compares are free.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _key_row_offsets(BlockTable, table_row, kv_head, cols, stride_b, stride_s, stride_h,
+                     page_size, PAGED: tl.constexpr):
+    """Element offsets of key rows `cols` of one sequence: through the block table
+    for a paged cache, else `table_row` is the sequence's batch index."""
+    if PAGED:
+        page = tl.load(BlockTable + table_row + cols // page_size).to(tl.int64)
+        return page * stride_b + (cols % page_size).to(tl.int64) * stride_s + kv_head * stride_h
+    return table_row * stride_b + cols.to(tl.int64) * stride_s + kv_head * stride_h
+
+
+@triton.jit
+def kv_append(
+    KNew, VNew, KCache, VCache, CacheSeqlens, BlockTable,
+    stride_nkb, stride_nks, stride_nkh,
+    stride_nvb, stride_nvs, stride_nvh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_tb, page_size, capacity, head_dim,
+    BLOCK_D: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid (seqlen_new, kv_heads, batch): copies new token i of (batch, kv head) to
+    cache position cache_seqlens[batch] + i. Positions past the capacity are dropped
+    (checking them on the host would need the device's lengths)."""
+    i = tl.program_id(0)
+    kv_head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    pos = tl.load(CacheSeqlens + batch) + i
+    if (pos >= 0) & (pos < capacity):
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
+        table_row = batch * stride_tb if PAGED else batch
+        k_off = _key_row_offsets(BlockTable, table_row, kv_head, pos, stride_kb, stride_ks, stride_kh,
+                                 page_size, PAGED)
+        v_off = _key_row_offsets(BlockTable, table_row, kv_head, pos, stride_vb, stride_vs, stride_vh,
+                                 page_size, PAGED)
+        k = tl.load(KNew + batch * stride_nkb + i * stride_nks + kv_head * stride_nkh + offs_d, mask=d_ok)
+        v = tl.load(VNew + batch * stride_nvb + i * stride_nvs + kv_head * stride_nvh + offs_d, mask=d_ok)
+        tl.store(KCache + k_off + offs_d, k, mask=d_ok)
+        tl.store(VCache + v_off + offs_d, v, mask=d_ok)
+
+
+@triton.jit
+def attn_decode_split(
+    Q, KCache, VCache, CacheSeqlens, BlockTable, PartOut, PartLse, Out, Lse,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_tb,
+    seqlen_q, num_heads, kv_group_size, head_dim, seqlen_new, capacity, page_size, num_splits,
+    window_left, window_right,
+    qk_scale, softcap_log2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid (num_splits, kv_heads * row_tiles, batch).
+
+    window_left/right < 0 mean unbounded (causal is window_right = 0). With
+    softcap_log2 > 0 the score is softcap * tanh(s) with s = q.k * qk_scale, and
+    softcap_log2 = softcap * log2(e); otherwise the score is q.k * qk_scale, which
+    then already holds log2(e). Out [batch, seqlen_q, heads, head_dim] and Lse
+    [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
+    heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
+    """
+    split = tl.program_id(0)
+    rows_total = seqlen_q * kv_group_size
+    row_tiles = tl.cdiv(rows_total, BLOCK_M)
+    kv_head = (tl.program_id(1) // row_tiles).to(tl.int64)
+    row_tile = tl.program_id(1) % row_tiles
+    batch = tl.program_id(2).to(tl.int64)
+
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < rows_total
+    token = rows // kv_group_size
+    head = kv_head * kv_group_size + rows % kv_group_size
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+
+    q_ptrs = Q + batch * stride_qb + token[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # The sequence's keys after the append, never past the cache.
+    seqlen_k = tl.minimum(tl.load(CacheSeqlens + batch) + seqlen_new, capacity)
+    diagonal = seqlen_k - seqlen_q
+    # Keys any row of the tile may see: [lo, hi).
+    first_token = (row_tile * BLOCK_M) // kv_group_size
+    last_token = tl.minimum((row_tile * BLOCK_M + BLOCK_M - 1) // kv_group_size, seqlen_q - 1)
+    lo = seqlen_k * 0
+    if window_left >= 0:
+        lo = tl.maximum(first_token + diagonal - window_left, 0)
+    hi = seqlen_k
+    if window_right >= 0:
+        hi = tl.minimum(last_token + diagonal + window_right + 1, seqlen_k)
+    # This split's chunk of [lo, hi), a whole number of key tiles.
+    chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    stop = tl.minimum(start + chunk, hi)
+
+    # Per-row window bounds; an unbounded side admits every key in [lo, hi).
+    row_lo = tl.where(window_left >= 0, token + diagonal - window_left, 0)
+    row_hi = tl.where(window_right >= 0, token + diagonal + window_right, seqlen_k)
+    table_row = batch * stride_tb if PAGED else batch
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(start, stop, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < stop
+        # Rows past `stop` are clamped onto the last key: their loads stay in bounds
+        # (and on a mapped page) and their scores are masked below.
+        safe_cols = tl.minimum(cols, stop - 1)
+        k_rows = _key_row_offsets(BlockTable, table_row, kv_head, safe_cols, stride_kb, stride_ks, stride_kh,
+                                  page_size, PAGED)
+        v_rows = _key_row_offsets(BlockTable, table_row, kv_head, safe_cols, stride_vb, stride_vs, stride_vh,
+                                  page_size, PAGED)
+        if PAD_D:
+            k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
+        else:
+            k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
+        qk = tl.dot(q, k) * qk_scale
+        if softcap_log2 > 0:
+            # softcap * tanh(s), tanh(s) = 1 - 2 / (exp(2s) + 1): exact at both tails.
+            qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(qk * 2.8853900817779268) + 1.0))
+        visible = col_ok[None, :] & (cols[None, :] >= row_lo[:, None]) & (cols[None, :] <= row_hi[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row with no visible key so far keeps m = -inf; shifting by 0 keeps NaN out.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if PAD_D:
+            v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    empty_row = l_i == 0.0
+    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+
+    # Out and PartOut share the [batch, seqlen_q, heads, head_dim] row order.
+    out_rows = (batch * seqlen_q + token) * num_heads + head
+    lse_rows = (batch * num_heads + head) * seqlen_q + token
+    o_mask = row_ok[:, None] & d_ok[None, :]
+    if num_splits == 1:
+        tl.store(Out + out_rows[:, None] * head_dim + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+        tl.store(Lse + lse_rows, lse, mask=row_ok)
+    else:
+        num_rows = tl.num_programs(2).to(tl.int64) * seqlen_q * num_heads
+        part = PartOut + (split * num_rows + out_rows)[:, None] * head_dim + offs_d[None, :]
+        tl.store(part, out, mask=o_mask)
+        tl.store(PartLse + split * num_rows + lse_rows, lse, mask=row_ok)
+
+
+@triton.jit
+def attn_decode_merge(
+    PartOut, PartLse, Out, Lse,
+    num_rows, num_splits, seqlen_q, num_heads, head_dim,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid (seqlen_q, heads, batch): one output row from num_splits fp32 partials.
+
+    Partials of splits that saw no key have lse = -inf and weight 0. num_rows =
+    batch * seqlen_q * heads (the stride of a split).
+    """
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    out_row = (batch * seqlen_q + token) * num_heads + head
+    lse_row = (batch * num_heads + head) * seqlen_q + token
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    row_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        row_max = tl.maximum(row_max, tl.load(PartLse + s * num_rows + lse_row, mask=s < num_splits,
+                                              other=float("-inf")))
+    m = tl.max(row_max, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([BLOCK_S], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        lse = tl.load(PartLse + s * num_rows + lse_row, mask=s < num_splits, other=float("-inf"))
+        weight = tl.exp(lse - shift)
+        used = weight > 0
+        mask = used[:, None]
+        if PAD_D:
+            mask = mask & (offs_d < head_dim)[None, :]
+        part = tl.load(PartOut + (s * num_rows + out_row)[:, None] * head_dim + offs_d[None, :], mask=mask,
+                       other=0.0)
+        acc += tl.sum(tl.where(mask, weight[:, None] * part, 0.0), 0)
+        denom += weight
+    total = tl.sum(denom, 0)
+    empty = total == 0.0
+    out = acc / tl.where(empty, 1.0, total)
+    tl.store(Out + out_row * head_dim + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < head_dim)
+    tl.store(Lse + lse_row, tl.where(empty, float("-inf"), shift + tl.log(total)))

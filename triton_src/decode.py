@@ -28,14 +28,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _key_row_offsets(BlockTable, table_row, kv_head, cols, stride_b, stride_s, stride_h,
-                     page_size, PAGED: tl.constexpr):
-    """Element offsets of key rows `cols` of one sequence: through the block table
-    for a paged cache, else `table_row` is the sequence's batch index."""
+def _key_slots(BlockTable, table_row, cols, page_size, PAGED: tl.constexpr):
+    """(page, slot) of key rows `cols` of one sequence: through the block table for a
+    paged cache; a contiguous cache is one page per sequence, `table_row` its batch index."""
     if PAGED:
         page = tl.load(BlockTable + table_row + cols // page_size).to(tl.int64)
-        return page * stride_b + (cols % page_size).to(tl.int64) * stride_s + kv_head * stride_h
-    return table_row * stride_b + cols.to(tl.int64) * stride_s + kv_head * stride_h
+        slot = (cols % page_size).to(tl.int64)
+    else:
+        page = table_row + 0 * cols.to(tl.int64)
+        slot = cols.to(tl.int64)
+    return page, slot
 
 
 @triton.jit
@@ -59,10 +61,9 @@ def kv_append(
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
         table_row = batch * stride_tb if PAGED else batch
-        k_off = _key_row_offsets(BlockTable, table_row, kv_head, pos, stride_kb, stride_ks, stride_kh,
-                                 page_size, PAGED)
-        v_off = _key_row_offsets(BlockTable, table_row, kv_head, pos, stride_vb, stride_vs, stride_vh,
-                                 page_size, PAGED)
+        page, slot = _key_slots(BlockTable, table_row, pos, page_size, PAGED)
+        k_off = page * stride_kb + slot * stride_ks + kv_head * stride_kh
+        v_off = page * stride_vb + slot * stride_vs + kv_head * stride_vh
         k = tl.load(KNew + batch * stride_nkb + i * stride_nks + kv_head * stride_nkh + offs_d, mask=d_ok)
         v = tl.load(VNew + batch * stride_nvb + i * stride_nvs + kv_head * stride_nvh + offs_d, mask=d_ok)
         tl.store(KCache + k_off + offs_d, k, mask=d_ok)
@@ -134,16 +135,18 @@ def attn_decode_split(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Rows past `stop` are clamped onto the last key (key 0 for an empty chunk): their
+    # loads stay in bounds and on a mapped page, and their scores are masked. The page
+    # numbers of a tile are loaded one tile ahead, so the K/V loads do not wait on the
+    # block table (that lets Triton pipeline them).
+    page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(start + offs_n, stop - 1), 0), page_size,
+                            PAGED)
     for start_n in range(start, stop, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < stop
-        # Rows past `stop` are clamped onto the last key: their loads stay in bounds
-        # (and on a mapped page) and their scores are masked below.
-        safe_cols = tl.minimum(cols, stop - 1)
-        k_rows = _key_row_offsets(BlockTable, table_row, kv_head, safe_cols, stride_kb, stride_ks, stride_kh,
-                                  page_size, PAGED)
-        v_rows = _key_row_offsets(BlockTable, table_row, kv_head, safe_cols, stride_vb, stride_vs, stride_vh,
-                                  page_size, PAGED)
+        k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
+        v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
+        page, slot = _key_slots(BlockTable, table_row, tl.minimum(cols + BLOCK_N, stop - 1), page_size, PAGED)
         if PAD_D:
             k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
         else:
@@ -204,30 +207,29 @@ def attn_decode_merge(
     lse_row = (batch * num_heads + head) * seqlen_q + token
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
 
-    row_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        row_max = tl.maximum(row_max, tl.load(PartLse + s * num_rows + lse_row, mask=s < num_splits,
-                                              other=float("-inf")))
-    m = tl.max(row_max, 0)
-    shift = tl.where(m == float("-inf"), 0.0, m)
-
+    # One pass, rescaling as the running maximum grows (the online softmax over splits):
+    # the lse and the partials of a chunk of splits are loaded together, so the common
+    # case (num_splits <= BLOCK_S) is a single round trip to memory.
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+    total = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = tl.zeros([BLOCK_S], tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s = s0 + offs_s
-        lse = tl.load(PartLse + s * num_rows + lse_row, mask=s < num_splits, other=float("-inf"))
-        weight = tl.exp(lse - shift)
-        used = weight > 0
-        mask = used[:, None]
-        if PAD_D:
-            mask = mask & (offs_d < head_dim)[None, :]
-        part = tl.load(PartOut + (s * num_rows + out_row)[:, None] * head_dim + offs_d[None, :], mask=mask,
-                       other=0.0)
-        acc += tl.sum(tl.where(mask, weight[:, None] * part, 0.0), 0)
-        denom += weight
-    total = tl.sum(denom, 0)
+        s_ok = s < num_splits
+        lse = tl.load(PartLse + s * num_rows + lse_row, mask=s_ok, other=float("-inf"))
+        part = tl.load(PartOut + (s * num_rows + out_row)[:, None] * head_dim + offs_d[None, :],
+                       mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        weight = tl.exp(lse - shift)  # exactly 0 for a split that saw no key
+        rescale = tl.exp(m - shift)
+        # where(), not a product: a -inf split's partial is never trusted.
+        acc = acc * rescale + tl.sum(tl.where(weight[:, None] > 0, weight[:, None] * part, 0.0), 0)
+        total = total * rescale + tl.sum(weight, 0)
+        m = m_new
+    shift = tl.where(m == float("-inf"), 0.0, m)
     empty = total == 0.0
     out = acc / tl.where(empty, 1.0, total)
     tl.store(Out + out_row * head_dim + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < head_dim)

@@ -2,7 +2,7 @@
 //
 // It is the semantic reference of the CUDA split-K kernels: the in-place append,
 // the page mapping, the bottom-right causal/window mask and the softcap, computed
-// in float64 one row at a time. num_splits only shapes the CUDA launch; it is ignored.
+// in float64 one row at a time. num_splits only shapes the CUDA launch: checked, then ignored.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -40,9 +40,9 @@ std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, 
                                       std::optional<Tensor> v, std::optional<Tensor> cache_seqlens,
                                       std::optional<Tensor> block_table, std::optional<double> softmax_scale,
                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                      int64_t /*num_splits*/) {
+                                      int64_t num_splits) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                            softmax_scale, softcap, 0);
+                                            softmax_scale, softcap, num_splits);
   Tensor seqlens_t, table_t;
   const int32_t* seqlens = nullptr;
   const int32_t* table = nullptr;

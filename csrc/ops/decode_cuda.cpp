@@ -25,18 +25,17 @@ using torch::headeronly::ScalarType;
 using runtime::Arg;
 constexpr const char* kOp = "fattn.decode";
 constexpr int64_t kMaxGridYZ = 65535;
-// Programs per SM the automatic split count aims for: enough loads in flight to
-// saturate memory, few enough that the merge stays cheap.
-constexpr int64_t kProgramsPerSM = 2;
-constexpr int64_t kMaxAutoSplits = 64;
-// A split should stream at least this many key tiles, or its start-up cost dominates.
+// The automatic split count, from the H100 sweeps of benchmarks/bench_decode.py (NOTES.md):
+// as many splits as keep every program in the first wave, one program per SM. A second,
+// partial wave costs more than it adds: 17 splits x 8 KV heads on 132 SMs ran 20 %
+// slower than 16. Chunks never shrink below kMinTilesPerSplit key tiles.
 constexpr int64_t kMinTilesPerSplit = 2;
+constexpr int64_t kMaxAutoSplits = 64;
 
 int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int device) {
   const int64_t sms = cuda::multiprocessor_count(device);
-  const int64_t wanted = (kProgramsPerSM * sms + programs - 1) / programs;
-  const int64_t by_length = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
-  return std::clamp<int64_t>(std::min(wanted, by_length), 1, kMaxAutoSplits);
+  const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
+  return std::clamp<int64_t>(std::min(sms / programs, shortest), 1, kMaxAutoSplits);
 }
 
 // The kernels write the cache in place, so it cannot be swapped for an aligned copy

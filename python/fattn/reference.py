@@ -31,3 +31,81 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     # lse follows fattn's contract: float32, float64 for float64 inputs.
     return out.to(out_dtype), lse.to(torch.float64 if out_dtype == torch.float64 else torch.float32)
+
+
+def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
+                      causal=False, window_size=(-1, -1), softcap=0.0, k=None, v=None,
+                      dtype=torch.float64):
+    """(out, lse) of decoding over a KV cache (fattn.flash_attn_with_kvcache), computed in `dtype`.
+
+    Plain PyTorch, one sequence at a time (their lengths differ). The caches are never modified:
+    new tokens `k`, `v` are placed at cache_seqlens[b] + i in a copy of sequence b's keys, which is
+    what the op attends to after its in-place append. Paged caches ([num_pages, page_size, ...]
+    with `block_table` [batch, pages_per_seq]) are gathered page by page. Query t of sequence b sees
+    key j < seqlen_k iff (right < 0 or j <= t + diag + right) and (left < 0 or j >= t + diag - left),
+    diag = seqlen_k - seqlen_q, right forced to 0 by `causal`; softcap > 0 maps a score s to
+    softcap * tanh(s / softcap). Rows that see no key give out 0 and lse -inf. out is in q's dtype,
+    lse float32 (float64 for float64 q) [batch, heads, seqlen_q].
+    """
+    out_dtype = q.dtype
+    lse_dtype = torch.float64 if out_dtype == torch.float64 else torch.float32
+    batch, seqlen_q, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"kvcache_reference: {heads} heads is not a multiple of {kv_heads} kv heads")
+    group = heads // kv_heads
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    if block_table is None:
+        capacity = k_cache.shape[1]
+    else:
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("kvcache_reference: k/v need cache_seqlens")
+        lengths = [capacity] * batch
+    elif isinstance(cache_seqlens, int):
+        lengths = [cache_seqlens] * batch
+    else:
+        lengths = [int(x) for x in cache_seqlens.tolist()]
+    if (k is None) != (v is None):
+        raise ValueError("kvcache_reference: give both k and v, or neither")
+    seqlen_new = 0 if k is None else k.shape[1]
+    left, right = window_size
+    if causal:
+        right = 0
+
+    outs, lses = [], []
+    for b in range(batch):
+        seqlen_k = lengths[b] + seqlen_new
+        if lengths[b] < 0 or seqlen_k > capacity:
+            raise ValueError(f"kvcache_reference: sequence {b} needs {seqlen_k} keys, capacity {capacity}")
+        if block_table is None:
+            keys, values = k_cache[b, :lengths[b]], v_cache[b, :lengths[b]]
+        else:
+            pages = block_table[b].long()
+            keys = k_cache[pages].flatten(0, 1)[:lengths[b]]  # a gathered copy
+            values = v_cache[pages].flatten(0, 1)[:lengths[b]]
+        if seqlen_new:  # the op's append, on copies
+            keys = torch.cat([keys, k[b]], dim=0)
+            values = torch.cat([values, v[b]], dim=0)
+        keys = keys.to(dtype)
+        values = values.to(dtype)
+        qb = q[b].to(dtype).reshape(seqlen_q, kv_heads, group, head_dim)
+        scores = torch.einsum("qhgd,khd->hgqk", qb, keys) * scale  # [kv_heads, group, seqlen_q, seqlen_k]
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        t = torch.arange(seqlen_q, device=q.device)[:, None]
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        diag = seqlen_k - seqlen_q
+        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+        if right >= 0:
+            visible &= j <= t + diag + right
+        if left >= 0:
+            visible &= j >= t + diag - left
+        scores = scores.masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # -inf for rows with no visible key (or no key)
+        probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+        out = torch.einsum("hgqk,khd->qhgd", probs, values).reshape(seqlen_q, heads, head_dim)
+        outs.append(out.to(out_dtype))
+        lses.append(lse.reshape(heads, seqlen_q).to(lse_dtype))
+    return torch.stack(outs), torch.stack(lses)

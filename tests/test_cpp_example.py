@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT, STEPS = 37, 5  # as in examples/cpp/main.cpp
+BATCH, PROMPT, STEPS = 2, 37, 5  # as in examples/cpp/main.cpp
+PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES, APPEND_QUERIES = 16, 3, 8, 16  # its paged KV cache
 
 
 def _missing_tool():
@@ -46,7 +47,18 @@ def test_example_decodes_and_matches_the_libtorch_reference(cpp_build):
     device = re.search(r"^fattn decode example on (cpu \(float32\)|cuda \(bfloat16\))", output, re.MULTILINE)
     assert device, output[-3000:]
     tolerance = 1e-5 if device[1].startswith("cpu") else 2e-2
-    expected = [("prefill", PROMPT, PROMPT)] + [(f"decode {s}", 1, PROMPT + s) for s in range(1, STEPS + 1)]
+    # The cache is paged: a block_table row of distinct pages of the pool per sequence.
+    cache = re.search(rf"^paged KV cache: {NUM_PAGES} pages of {PAGE_SIZE} tokens, block_table \[(.+)\]$",
+                      output, re.MULTILINE)
+    assert cache, output[-3000:]
+    rows = [[int(p) for p in row.split(",")] for row in re.findall(r"\[([\d, ]+)\]", cache[1])]
+    pages = [p for row in rows for p in row]
+    assert len(rows) == BATCH and all(len(row) == PAGES_PER_SEQ for row in rows), cache[0]
+    assert len(set(pages)) == len(pages) and all(0 <= p < NUM_PAGES for p in pages), cache[0]
+    # prefill: fattn::forward; append: fattn::decode writing the prompt into the pages (with
+    # its last queries); decode s: fattn::decode appending one token in place.
+    expected = [("prefill", PROMPT, PROMPT), ("append", APPEND_QUERIES, PROMPT)]
+    expected += [(f"decode {s}", 1, PROMPT + s) for s in range(1, STEPS + 1)]
     for label, q_len, kv_len in expected:
         pattern = rf"^{label}\s+q_len={q_len}\s+kv_len={kv_len}\s+max\|out-ref\|=(\S+) max\|lse-ref\|=(\S+) ok$"
         match = re.search(pattern, output, re.MULTILINE)

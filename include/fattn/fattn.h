@@ -5,7 +5,7 @@
 // program never calls into it directly, only through the dispatcher. So that a linker run
 // with --as-needed (the default on Ubuntu) does not drop it, this header refers to a
 // function the library exports, which keeps libfattn.so a dependency of every program
-// that calls fattn::forward.
+// that calls fattn::forward or fattn::decode.
 //
 // Layout (the flash-attn convention): q, k, v are [batch, seqlen, heads, head_dim], any
 // strides with a contiguous last dim; k and v may have fewer heads than q (GQA/MQA, q's
@@ -54,6 +54,62 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                     bool, bool)>();
   // `deterministic` only matters to the backward, which C++ callers do not run.
   return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false);
+}
+
+// Flash decoding: attention of a few new query tokens (1 <= seqlen_q <= 16) over a KV cache,
+// optionally appending the new tokens' k, v to the cache first (flash-attn's
+// flash_attn_with_kvcache). Returns (out, lse) as forward does: out [batch, seqlen_q, heads,
+// head_dim] in q's dtype, lse float32 [batch, heads, seqlen_q] (float64 for float64 inputs).
+//
+// The cache is either contiguous, k_cache/v_cache [batch, capacity, kv_heads, head_dim], or
+// paged: k_cache/v_cache [num_pages, page_size, kv_heads, head_dim] (page_size a multiple of
+// 16) with block_table int32 [batch, pages_per_seq], key j of sequence b living at
+// k_cache[block_table[b, j / page_size], j % page_size]. Caches may be strided views.
+// cache_seqlens int32 [batch] counts the keys already in each sequence's cache (nullopt: the
+// whole capacity, and then no k/v).
+//
+// MUTATES k_cache and v_cache when k, v ([batch, seqlen_new, kv_heads, head_dim], q's dtype)
+// are given: they are written in place at positions cache_seqlens[b] + i, then attended to,
+// so sequence b has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is NOT advanced:
+// the caller adds seqlen_new after the call. Masks are aligned bottom-right as in forward;
+// causal forces window_right = 0; window_left/right < 0 mean unbounded; softcap > 0 applies
+// softcap * tanh(score / softcap). num_splits: 0 picks the split-K count on CUDA, n forces it
+// (same result within rounding); CPU ignores it. On CUDA an append past the capacity is not
+// checked (it needs the device values): it is dropped and the sequence clamped to capacity.
+inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::Tensor& k_cache,
+                                                 const at::Tensor& v_cache,
+                                                 const std::optional<at::Tensor>& k = std::nullopt,
+                                                 const std::optional<at::Tensor>& v = std::nullopt,
+                                                 const std::optional<at::Tensor>& cache_seqlens = std::nullopt,
+                                                 const std::optional<at::Tensor>& block_table = std::nullopt,
+                                                 std::optional<double> softmax_scale = std::nullopt,
+                                                 bool causal = false, int64_t window_left = -1,
+                                                 int64_t window_right = -1, double softcap = 0.0,
+                                                 int64_t num_splits = 0) {
+  detail::keep_library_linked();
+  // Schema: decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None,
+  //                Tensor? v=None, Tensor? cache_seqlens=None, Tensor? block_table=None,
+  //                float? softmax_scale=None, bool causal=False, int window_left=-1,
+  //                int window_right=-1, float softcap=0.0, int num_splits=0)
+  //          -> (Tensor out, Tensor lse)
+  // The mutable Tensor(a!) arguments are at::Tensor& in the typed signature, as in ATen's
+  // generated operators. A const at::Tensor& is taken here so that views (cache slices) can
+  // be passed; the handle is not reseated, only the storage it points to is written, the
+  // same as at::Tensor::add_ being a const method. The kernels are registered boxed (stable
+  // ABI), so the dispatcher holds no C++ signature to check this one against: a mismatch does
+  // not throw at typed<>() (an `int` for an `int64_t` was seen to pass); keep it in step with
+  // the schema by hand.
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fattn::decode", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t,
+              double, int64_t)>();
+  return op.call(q, const_cast<at::Tensor&>(k_cache), const_cast<at::Tensor&>(v_cache), k, v,
+                 cache_seqlens, block_table, softmax_scale, causal, window_left, window_right,
+                 softcap, num_splits);
 }
 
 }  // namespace fattn

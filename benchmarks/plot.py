@@ -1,6 +1,8 @@
-"""Plots a benchmark JSON (from bench_forward.py) as TFLOP/s against sequence length.
+"""Plots a benchmark JSON (from bench_attention.py) as TFLOP/s against sequence length.
 
     python benchmarks/plot.py benchmarks/results/forward_h100.json   # writes forward_h100.png
+
+A decode JSON (from bench_decode.py) is handed to plot_decode.py (GB/s against context).
 """
 
 import json
@@ -16,6 +18,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main(path):
     path = Path(path)
     data = json.loads(path.read_text())
+    if data.get("benchmark") == "decode":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import plot_decode
+        return plot_decode.plot(path)
     rows = data["rows"]
     panels = sorted({(r["d"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True)

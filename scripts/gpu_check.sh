@@ -5,6 +5,9 @@
 #   default: the source package python/fattn (with a carried python/fattn/libfattn.so)
 #   FATTN_WHEEL=dist/fattn-...whl: pip-installs that wheel (--no-deps) into a scratch
 #   folder and tests it instead, proving a wheel built elsewhere works with this torch.
+#   BENCH_PASSES (default "forward backward"): any of forward, backward (bench_attention.py,
+#   extra flags in BENCH_ARGS) and decode (bench_decode.py -> $OUT/decode.json, flags in DECODE_ARGS),
+#   e.g. BENCH_PASSES=decode scripts/gpu_check.sh bench
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 if [[ -n ${FATTN_WHEEL:-} ]]; then
@@ -30,6 +33,10 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == bench || $what == all ]]; then
   for pass in ${BENCH_PASSES:-forward backward}; do
-    python3 benchmarks/bench_attention.py --pass $pass --out "$OUT/$pass.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$pass.log"
+    if [[ $pass == decode ]]; then
+      python3 benchmarks/bench_decode.py --out "$OUT/decode.json" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log"
+    else
+      python3 benchmarks/bench_attention.py --pass $pass --out "$OUT/$pass.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$pass.log"
+    fi
   done
 fi

@@ -30,7 +30,8 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
         expected += per_kernel
     assert len(variants) == expected
     assert {v.arch for v in variants} == {75, 80, 86, 89, 90}
-    assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_merge"}
+    assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_merge",
+                                            "attn_decode_split", "attn_decode_merge", "kv_append"}
     assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
 
 

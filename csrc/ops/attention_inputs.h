@@ -4,10 +4,11 @@
 
 #include <torch/csrc/stable/tensor.h>
 
+#include <cstdio>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace fattn::ops {
 
@@ -54,13 +55,29 @@ torch::stable::Tensor as_double(const torch::stable::Tensor& t);
 
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
 
+// Message pieces as text without iostreams: a library built with a newer libstdc++ than
+// the one torch's process loads crashes on its first formatted number through an
+// ostream (the locale facets differ; seen on the H100 machine, whose g++ is newer).
+inline std::string to_text(const char* s) { return s; }
+inline std::string to_text(const std::string& s) { return s; }
+template <typename T>
+std::string to_text(T value) {
+  static_assert(std::is_arithmetic_v<T>, "fail(): pass strings or numbers");
+  if constexpr (std::is_floating_point_v<T>) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof(buffer), "%g", static_cast<double>(value));
+    return buffer;
+  } else {
+    return std::to_string(value);
+  }
+}
+
 // Throws std::runtime_error "<op>: <parts...>": every input error goes through here.
 template <typename... Parts>
 [[noreturn]] void fail(const char* op, const Parts&... parts) {
-  std::ostringstream message;
-  message << op << ": ";
-  (message << ... << parts);
-  throw std::runtime_error(message.str());
+  std::string message = std::string(op) + ": ";
+  ((message += to_text(parts)), ...);
+  throw std::runtime_error(message);
 }
 
 std::string shape_of(const torch::stable::Tensor& t);

@@ -54,7 +54,14 @@ def check_backward(case, dtype, causal, layout="contiguous", with_dlse=True, wha
         assert not torch.isnan(g).any(), f"{what} {name}: NaN"
         err = (g.double() - r).abs().max().item()
         base = (l.double() - r).abs().max().item()
-        assert err <= 2 * base + 1e-5, f"{what} {name}: error {err:.3e} > 2 x torch error {base:.3e} + 1e-5"
+        # Plus half an ulp of the dtype at the gradient's largest value: the rounding of the
+        # stored gradient (and of dS before its matmul, as in FlashAttention) that no kernel
+        # avoids. On a tensor of a few dozen elements (seqlen 1, one head) torch's own error
+        # is too small a sample to bound it: seen on the H100, dk 4.9e-4 against 2 x 1.8e-4
+        # with |dk| up to ~1 in float16.
+        rounding = 0.5 * torch.finfo(dtype).eps * r.abs().max().item()
+        assert err <= 2 * base + 1e-5 + rounding, (
+            f"{what} {name}: error {err:.3e} > 2 x torch error {base:.3e} + 1e-5 + {rounding:.3e}")
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -79,7 +79,7 @@ std::tuple<Tensor, Tensor> decode_cuda(Tensor q, Tensor k_cache, Tensor v_cache,
 
   Tensor out = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
   Tensor lse = torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
-  if (out.numel() == 0) return {out, lse};
+  if (s.batch == 0) return {out, lse};
 
   q = aligned_for_kernel(q);
   k_cache = cache_for_kernel("k_cache", k_cache, k.has_value());
@@ -115,6 +115,7 @@ std::tuple<Tensor, Tensor> decode_cuda(Tensor q, Tensor k_cache, Tensor v_cache,
                      Arg("stride_tb", stride_tb), Arg("page_size", s.page_size), Arg("capacity", s.capacity),
                      Arg("head_dim", s.head_dim)});
   }
+  if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
 
   // fp32 partials, one [batch, seqlen_q, heads, head_dim] slab (and lse slab) per split.
   Tensor part_out, part_lse;

@@ -23,9 +23,7 @@ void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, c
                        const int32_t* seqlens, const int32_t* table) {
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < s.seqlen_new; ++i) {
-      const int64_t pos = seqlens[b] + i;
-      const int64_t page = s.paged ? table[b * s.pages_per_seq + pos / s.page_size] : b;
-      const int64_t slot = s.paged ? pos % s.page_size : pos;
+      const auto [page, slot] = s.key_location(table, b, seqlens[b] + i);
       Tensor k_dst = torch::stable::select(torch::stable::select(k_cache, 0, page), 0, slot);
       Tensor v_dst = torch::stable::select(torch::stable::select(v_cache, 0, page), 0, slot);
       torch::stable::copy_(k_dst, torch::stable::select(torch::stable::select(k, 0, b), 0, i));
@@ -42,7 +40,7 @@ std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, 
                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
                                       int64_t num_splits) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                            softmax_scale, softcap, num_splits);
+                                            softmax_scale, causal, window_left, window_right, softcap, num_splits);
   Tensor seqlens_t, table_t;
   const int32_t* seqlens = nullptr;
   const int32_t* table = nullptr;
@@ -58,7 +56,6 @@ std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, 
   if (k) append_new_tokens(s, k_cache, v_cache, *k, *v, seqlens, table);
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  if (causal) window_right = 0;  // causal is the window (left, 0), as in flash-attn
   Tensor qd = as_double(q), kd = as_double(k_cache), vd = as_double(v_cache);
   Tensor out_d = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
   Tensor lse_d = torch::stable::new_empty(qd, {s.batch, s.heads, s.seqlen_q});
@@ -83,10 +80,9 @@ std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, 
         v_rows.clear();
         double row_max = neg_inf;
         for (int64_t j = 0; j < seqlen_k; ++j) {
-          if (window_right >= 0 && j > t + diagonal + window_right) continue;
-          if (window_left >= 0 && j < t + diagonal - window_left) continue;
-          const int64_t page = s.paged ? table[b * s.pages_per_seq + j / s.page_size] : b;
-          const int64_t slot = s.paged ? j % s.page_size : j;
+          if (s.window_right >= 0 && j > t + diagonal + s.window_right) continue;
+          if (s.window_left >= 0 && j < t + diagonal - s.window_left) continue;
+          const auto [page, slot] = s.key_location(table, b, j);
           const int64_t row = ((page * slots + slot) * HK + hk) * D;
           double score = 0;
           for (int64_t d = 0; d < D; ++d) score += qt[d] * K[row + d];

@@ -59,7 +59,7 @@ std::tuple<Tensor, Tensor> decode_cuda(Tensor q, Tensor k_cache, Tensor v_cache,
                                        bool causal, int64_t window_left, int64_t window_right, double softcap,
                                        int64_t num_splits) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                            softmax_scale, softcap, num_splits);
+                                            softmax_scale, causal, window_left, window_right, softcap, num_splits);
   if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX) {
     fail(kOp, "the cache holds ", s.capacity, " keys per sequence; at most 2^31 - 1 are supported");
   }
@@ -124,7 +124,6 @@ std::tuple<Tensor, Tensor> decode_cuda(Tensor q, Tensor k_cache, Tensor v_cache,
     part_lse = torch::stable::new_empty(q, {splits, s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
   }
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  if (causal) window_right = 0;  // causal is the window (left, 0), as in flash-attn
   // Scores are kept in the log2 domain. With a softcap the kernel computes
   // softcap * log2(e) * tanh(q.k * scale / softcap); otherwise q.k * scale * log2(e).
   const double qk_scale = softcap > 0 ? scale / softcap : scale * M_LOG2E;
@@ -147,8 +146,7 @@ std::tuple<Tensor, Tensor> decode_cuda(Tensor q, Tensor k_cache, Tensor v_cache,
                    Arg("seqlen_q", s.seqlen_q), Arg("num_heads", s.heads), Arg("kv_group_size", s.group()),
                    Arg("head_dim", s.head_dim), Arg("seqlen_new", s.seqlen_new), Arg("capacity", s.capacity),
                    Arg("page_size", s.page_size), Arg("num_splits", splits),
-                   Arg("window_left", window_left < 0 ? int64_t{-1} : std::min<int64_t>(window_left, INT32_MAX)),
-                   Arg("window_right", window_right < 0 ? int64_t{-1} : std::min<int64_t>(window_right, INT32_MAX)),
+                   Arg("window_left", s.window_left), Arg("window_right", s.window_right),
                    Arg("qk_scale", qk_scale), Arg("softcap_log2", softcap_log2)});
   if (splits > 1) {
     const KernelChoice merge = choose_kernel(kOp, "attn_decode_merge", device, dtype, s.head_dim, {});

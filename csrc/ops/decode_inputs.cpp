@@ -38,7 +38,8 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
                                 const std::optional<Tensor>& k, const std::optional<Tensor>& v,
                                 const std::optional<Tensor>& cache_seqlens,
                                 const std::optional<Tensor>& block_table, std::optional<double> softmax_scale,
-                                double softcap, int64_t num_splits) {
+                                bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                int64_t num_splits) {
   if (q.dim() != 4) fail(op, "q must be a 4-D tensor [batch, seqlen_q, heads, head_dim], got shape ", shape_of(q));
   if (!q.is_cuda() && !q.is_cpu()) fail(op, "q must be a CUDA or CPU tensor");
   if (!attention_dtype_supported(q)) {
@@ -157,6 +158,11 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   if (num_splits < 0 || num_splits > kMaxDecodeSplits) {
     fail(op, "num_splits is ", num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
   }
+  // A window side of capacity + seqlen_q keys or more hides nothing: it is stored as
+  // unbounded, which also keeps it within the kernels' 32-bit bounds.
+  auto bound = [&](int64_t w) { return w < 0 || w >= s.capacity + s.seqlen_q ? int64_t{-1} : w; };
+  s.window_left = bound(window_left);
+  s.window_right = causal ? 0 : bound(window_right);
   return s;
 }
 

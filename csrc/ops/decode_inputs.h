@@ -4,6 +4,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <optional>
+#include <utility>
 
 namespace fattn::ops {
 
@@ -18,7 +19,14 @@ struct DecodeShape {
   int64_t page_size;    // paged: tokens per page; contiguous: capacity
   int64_t num_pages;    // paged: pages in the cache; contiguous: batch
   int64_t pages_per_seq;
+  // The effective window (flash-attn's convention: causal is (left, 0)); -1 is unbounded.
+  int64_t window_left, window_right;
   int64_t group() const { return heads / kv_heads; }
+  // Where key j of sequence b lives: (page, slot) through the block table, or (b, j).
+  std::pair<int64_t, int64_t> key_location(const int32_t* table, int64_t b, int64_t j) const {
+    if (!paged) return {b, j};
+    return {table[b * pages_per_seq + j / page_size], j % page_size};
+  }
 };
 
 // Checks everything that can be checked from shapes, dtypes and devices (no device
@@ -29,7 +37,8 @@ DecodeShape check_decode_inputs(const char* op, const torch::stable::Tensor& q,
                                 const std::optional<torch::stable::Tensor>& v,
                                 const std::optional<torch::stable::Tensor>& cache_seqlens,
                                 const std::optional<torch::stable::Tensor>& block_table,
-                                std::optional<double> softmax_scale, double softcap, int64_t num_splits);
+                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                int64_t window_right, double softcap, int64_t num_splits);
 
 // The CPU-only checks of device values: cache_seqlens in [0, capacity - seqlen_new] and the
 // block_table entries of the pages each sequence uses in [0, num_pages). `seqlens` and `table`

@@ -8,7 +8,6 @@ and the Triton version. A rebuild with nothing changed reads only the cache.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from . import compress
 from .grid import Variant
-from .signatures import runtime_params, triton_signature
+from .signatures import kernel_spec, runtime_params, triton_signature
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = REPO_ROOT / "triton_src"
@@ -80,8 +79,8 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
     else:
         # Keep Triton's own cache inside ours so builds never touch ~/.triton.
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
-        fn = getattr(importlib.import_module(variant.source), variant.kernel)
-        signature, attrs = triton_signature(fn, variant.kernel, variant.dtype)
+        fn = kernel_spec(variant.kernel).kernel
+        signature, attrs = triton_signature(variant.kernel, variant.dtype)
         src = ASTSource(fn, signature, variant.constant_dict, attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
                                   options={"num_warps": variant.num_warps,
@@ -94,7 +93,7 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
             "global_scratch_align": md.global_scratch_align,
             "profile_scratch_size": md.profile_scratch_size,
             "profile_scratch_align": md.profile_scratch_align,
-            "params": [list(p) for p in runtime_params(signature)],  # as JSON reads it back
+            "params": [list(p) for p in runtime_params(variant.kernel)],  # as JSON reads it back
             "triton_version": triton.__version__,
         }
         cubin, ptx = compiled.asm["cubin"], compiled.asm["ptx"]

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .common import visible_key_range
+from .spec import KernelSpec, f32, f32_tensor, i32, strides, tensor
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -230,3 +231,21 @@ def attn_bwd_dq(
                        full_stop, stop, seqlen_k, head_dim, diagonal, qk_scale, BLOCK_N, PAD_D, True, CAUSAL)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
+
+
+_SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
+          f32("qk_scale"), f32("softmax_scale")]
+
+ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
+    tensor("Out"), tensor("DO"), f32_tensor("DLse"), f32_tensor("Delta"), *strides("o"), *strides("do"),
+    i32("seqlen_q"), i32("num_heads"), i32("head_dim", multiple_of=8),
+])
+ATTN_BWD_DKDV = KernelSpec(attn_bwd_dkdv, [
+    tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"),
+    tensor("DK"), tensor("DV"),
+    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"), *_SHAPE,
+])
+ATTN_BWD_DQ = KernelSpec(attn_bwd_dq, [
+    tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ"),
+    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dq"), *_SHAPE,
+])

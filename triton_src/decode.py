@@ -26,6 +26,8 @@ to every key tile: the kernel is bound by memory, the compares are free.
 import triton
 import triton.language as tl
 
+from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, strides, tensor
+
 
 @triton.jit
 def _key_slots(BlockTable, table_row, cols, page_size, PAGED: tl.constexpr):
@@ -234,3 +236,23 @@ def attn_decode_merge(
     out = acc / tl.where(empty, 1.0, total)
     tl.store(Out + out_row * head_dim + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < head_dim)
     tl.store(Lse + lse_row, tl.where(empty, float("-inf"), shift + tl.log(total)))
+
+
+KV_APPEND = KernelSpec(kv_append, [
+    tensor("KNew"), tensor("VNew"), tensor("KCache"), tensor("VCache"),
+    index_tensor("CacheSeqlens"), index_tensor("BlockTable"),
+    *strides("nk"), *strides("nv"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
+    i32("page_size"), i32("capacity"), i32("head_dim", multiple_of=8),
+])
+ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
+    tensor("Q"), tensor("KCache"), tensor("VCache"), index_tensor("CacheSeqlens"), index_tensor("BlockTable"),
+    f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),
+    *strides("q"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
+    i32("seqlen_q"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8), i32("seqlen_new"),
+    i32("capacity"), i32("page_size"), i32("num_splits"), i32("window_left"), i32("window_right"),
+    f32("qk_scale"), f32("softcap_log2"),
+])
+ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [
+    f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),
+    i64("num_rows"), i32("num_splits"), i32("seqlen_q"), i32("num_heads"), i32("head_dim", multiple_of=8),
+])

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .common import visible_key_range
+from .spec import KernelSpec, f32, f32_tensor, i32, strides, tensor
 
 
 @triton.jit
@@ -159,3 +160,11 @@ def attn_fwd(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_in_range[:, None])
     lse_ptrs = Lse + (batch * num_heads + head) * seqlen_q + offs_m
     tl.store(lse_ptrs, lse, mask=row_in_range)
+
+
+ATTN_FWD = KernelSpec(attn_fwd, [
+    tensor("Q"), tensor("K"), tensor("V"), tensor("Out"), f32_tensor("Lse"),
+    *strides("q"), *strides("k"), *strides("v"), *strides("o"),
+    i32("seqlen_q"), i32("seqlen_k"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
+    f32("qk_scale"),
+])

@@ -10,6 +10,8 @@ lse = max + log(sum_s w_s). Parts whose lse is -inf (they saw no key) get weight
 import triton
 import triton.language as tl
 
+from .spec import KernelSpec, f32_tensor, i32, strides, tensor
+
 
 @triton.jit
 def attn_merge(
@@ -60,3 +62,10 @@ def attn_merge(
               + offs_d[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
     tl.store(Lse + rows, tl.where(empty, float("-inf"), shift + tl.log(denom)), mask=row_ok)
+
+
+ATTN_MERGE = KernelSpec(attn_merge, [
+    tensor("Outs"), f32_tensor("Lses"), tensor("Out"), f32_tensor("Lse"),
+    *strides("p", "sbqh"), *strides("o", "bqh"),
+    i32("num_splits"), i32("seqlen_q"), i32("num_heads"), i32("head_dim", multiple_of=8),
+])

@@ -50,11 +50,12 @@ class BuildFattn(build_ext):
 
         torch_dir = Path(torch.__file__).parent
         cxx = shlex.split(os.environ.get("CXX", "g++"))
-        flags = ["-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall",
+        flags = ["-O2", "-std=c++20", "-fPIC", "-fvisibility=hidden", "-Wall", "-Werror=missing-field-initializers",
+                 f"-I{GENERATED}",
                  f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
                  f"-I{torch_dir / 'include'}", f"-I{ROOT / 'csrc'}"]
         OBJECTS.mkdir(parents=True, exist_ok=True)
-        header_mtime = max(p.stat().st_mtime for p in (ROOT / "csrc").rglob("*.h"))
+        header_mtime = max(p.stat().st_mtime for p in [*(ROOT / "csrc").rglob("*.h"), GENERATED / "kernel_launchers.h"])
 
         def compile_one(src):
             obj = OBJECTS / (Path(src).relative_to(ROOT).as_posix().replace("/", "_") + ".o")

@@ -56,7 +56,7 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
             log(f"[{done}/{len(variants)}] {variants[i].label}  shared={art.meta['shared']}  {how}")
     if errors:
         raise BuildError("aot_build failed:\n  " + "\n  ".join(errors))
-    manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, packing)
+    manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, config, packing)
     fresh = sum(1 for a in results.values() if not a.cached)
     log(f"aot_build: wrote {out_dir} ({len(variants)} variants, {fresh} compiled, "
         f"{len(variants) - fresh} from cache, blob {manifest['blob_size'] / 2**20:.1f} MiB, "

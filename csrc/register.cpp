@@ -1,10 +1,10 @@
 // The operator schemas and their CUDA and CPU implementations.
 //
-// Fake (meta) implementations and autograd live in python/fattn, registered with
-// torch.library on import, as DESIGN.md lays out.
+// Fakes and autograd live beside each op family's Python wrapper in python/fattn,
+// registered with torch.library on import.
 #include <torch/csrc/stable/library.h>
 
-#include "ops/ops.h"
+#include "ops.h"
 
 STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
@@ -19,15 +19,15 @@ STABLE_TORCH_LIBRARY(fattn, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
-  m.impl("forward", TORCH_BOX(&fattn::ops::forward_cuda));
-  m.impl("backward", TORCH_BOX(&fattn::ops::backward_cuda));
-  m.impl("merge_attention_states", TORCH_BOX(&fattn::ops::merge_cuda));
-  m.impl("decode", TORCH_BOX(&fattn::ops::decode_cuda));
+  m.impl("forward", TORCH_BOX(&fattn::forward_cuda));
+  m.impl("backward", TORCH_BOX(&fattn::backward_cuda));
+  m.impl("merge_attention_states", TORCH_BOX(&fattn::merge_cuda));
+  m.impl("decode", TORCH_BOX(&fattn::decode_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CPU, m) {
-  m.impl("forward", TORCH_BOX(&fattn::ops::forward_cpu));
-  m.impl("backward", TORCH_BOX(&fattn::ops::backward_cpu));
-  m.impl("merge_attention_states", TORCH_BOX(&fattn::ops::merge_cpu));
-  m.impl("decode", TORCH_BOX(&fattn::ops::decode_cpu));
+  m.impl("forward", TORCH_BOX(&fattn::forward_cpu));
+  m.impl("backward", TORCH_BOX(&fattn::backward_cpu));
+  m.impl("merge_attention_states", TORCH_BOX(&fattn::merge_cpu));
+  m.impl("decode", TORCH_BOX(&fattn::decode_cpu));
 }

@@ -18,11 +18,8 @@ dQ = scale * dS K, dK = scale * dS^T Q. Scores use the log2 domain as in the for
 import triton
 import triton.language as tl
 
-from .common import visible_key_range
+from .common import LOG2E, visible_key_range
 from .spec import KernelSpec, f32, f32_tensor, i32, strides, tensor
-
-LOG2E = tl.constexpr(1.4426950408889634)
-
 
 @triton.jit
 def attn_bwd_preprocess(

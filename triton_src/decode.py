@@ -26,6 +26,7 @@ to every key tile: the kernel is bound by memory, the compares are free.
 import triton
 import triton.language as tl
 
+from .common import LOG2E, merge_finish, merge_rescale, softmax_finish, softmax_step
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, strides, tensor
 
 
@@ -156,26 +157,17 @@ def attn_decode_split(
         qk = tl.dot(q, k) * qk_scale
         if softcap_log2 > 0:
             # softcap * tanh(s), tanh(s) = 1 - 2 / (exp(2s) + 1): exact at both tails.
-            qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(qk * 2.8853900817779268) + 1.0))
+            qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(qk * (2 * LOG2E)) + 1.0))
         visible = col_ok[None, :] & (cols[None, :] >= row_lo[:, None]) & (cols[None, :] <= row_hi[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # A row with no visible key so far keeps m = -inf; shifting by 0 keeps NaN out.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, True)
         if PAD_D:
             v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
         else:
             v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
-        acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
 
-    empty_row = l_i == 0.0
-    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
-    lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    out, lse = softmax_finish(acc, l_i, m_i)
 
     # Out and PartOut share the [batch, seqlen_q, heads, head_dim] row order.
     out_rows = (batch * seqlen_q + token) * num_heads + head
@@ -211,9 +203,9 @@ def attn_decode_merge(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
 
-    # One pass, rescaling as the running maximum grows (the online softmax over splits):
-    # the lse and the partials of a chunk of splits are loaded together, so the common
-    # case (num_splits <= BLOCK_S) is a single round trip to memory.
+    # One pass (the online merge of triton_src/common.py): the lse and the partials of a
+    # chunk of splits are loaded together, so the common case (num_splits <= BLOCK_S) is a
+    # single round trip to memory.
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
     total = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -223,19 +215,15 @@ def attn_decode_merge(
         lse = tl.load(PartLse + s * num_rows + lse_row, mask=s_ok, other=float("-inf"))
         part = tl.load(PartOut + (s * num_rows + out_row)[:, None] * head_dim + offs_d[None, :],
                        mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m, shift, rescale = merge_rescale(m, tl.max(lse, 0))
         weight = tl.exp(lse - shift)  # exactly 0 for a split that saw no key
-        rescale = tl.exp(m - shift)
         # where(), not a product: a -inf split's partial is never trusted.
         acc = acc * rescale + tl.sum(tl.where(weight[:, None] > 0, weight[:, None] * part, 0.0), 0)
         total = total * rescale + tl.sum(weight, 0)
-        m = m_new
-    shift = tl.where(m == float("-inf"), 0.0, m)
-    empty = total == 0.0
-    out = acc / tl.where(empty, 1.0, total)
+    denominator, lse = merge_finish(total, m)
+    out = acc / denominator
     tl.store(Out + out_row * head_dim + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < head_dim)
-    tl.store(Lse + lse_row, tl.where(empty, float("-inf"), shift + tl.log(total)))
+    tl.store(Lse + lse_row, lse)
 
 
 KV_APPEND = KernelSpec(kv_append, [

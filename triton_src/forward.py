@@ -20,7 +20,7 @@ for the mask.
 import triton
 import triton.language as tl
 
-from .common import visible_key_range
+from .common import softmax_finish, softmax_step, visible_key_range
 from .spec import KernelSpec, f32, f32_tensor, i32, strides, tensor
 
 
@@ -53,24 +53,12 @@ def _attend_key_tiles(
             k = tl.load(k_ptrs)
 
         qk = tl.dot(q, k) * qk_scale
-
         if MASKED:
             visible = cols[None, :] < seqlen_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
             qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # A row that has seen no visible key yet keeps m = -inf; subtracting
-            # 0 instead keeps exp2(-inf - -inf) = NaN out of p and alpha.
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_shift = m_new
-
-        p = tl.math.exp2(qk - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
 
         if MASKED:
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)
@@ -79,7 +67,6 @@ def _attend_key_tiles(
         else:
             v = tl.load(v_ptrs)
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -146,11 +133,8 @@ def attn_fwd(
         offs_m, offs_n, offs_d, full_stop, stop, seqlen_k, head_dim, diagonal, qk_scale,
         BLOCK_N, PAD_D, True, CAUSAL)
 
-    # Rows that saw no key (causal with seqlen_q > seqlen_k) have l_i == 0:
-    # their output is 0 and their lse is -inf.
-    empty_row = l_i == 0.0
-    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
-    lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    # Rows that saw no key (causal with seqlen_q > seqlen_k) give out 0 and lse -inf.
+    out, lse = softmax_finish(acc, l_i, m_i)
 
     o_ptrs = (Out + batch * stride_ob + head.to(tl.int64) * stride_oh
               + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :])

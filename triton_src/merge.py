@@ -10,6 +10,7 @@ lse = max + log(sum_s w_s). Parts whose lse is -inf (they saw no key) get weight
 import triton
 import triton.language as tl
 
+from .common import merge_finish, merge_rescale
 from .spec import KernelSpec, f32_tensor, i32, strides, tensor
 
 
@@ -39,29 +40,27 @@ def attn_merge(
     rows = (batch * num_heads + head) * seqlen_q + offs_m
     split_stride = num_heads * seqlen_q * tl.num_programs(2).to(tl.int64)
 
-    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(0, num_splits):
-        lse = tl.load(Lses + s * split_stride + rows, mask=row_ok, other=float("-inf"))
-        row_max = tl.maximum(row_max, lse)
-    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-
+    # One pass over the splits, rescaling as the running maximum grows (the online merge of
+    # triton_src/common.py, shared with split-K decoding).
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    denom = tl.zeros([BLOCK_M], tl.float32)
     part = Outs + batch * stride_pb + head * stride_ph + offs_m[:, None].to(tl.int64) * stride_pq + offs_d[None, :]
     for s in range(0, num_splits):
         lse = tl.load(Lses + s * split_stride + rows, mask=row_ok, other=float("-inf"))
-        weight = tl.exp(lse - shift)  # exactly 0 for a part that saw no key
         o = tl.load(part + s * stride_ps, mask=mask, other=0.0).to(tl.float32)
+        m, shift, rescale = merge_rescale(m, lse)
+        weight = tl.exp(lse - shift)  # exactly 0 for a part that saw no key
         # where(), not a product: a -inf part may hold anything, even NaN, in its out.
-        acc += tl.where(weight[:, None] > 0, weight[:, None] * o, 0.0)
-        denom += weight
+        acc = acc * rescale[:, None] + tl.where(weight[:, None] > 0, weight[:, None] * o, 0.0)
+        total = total * rescale + weight
 
-    empty = denom == 0.0
-    out = acc / tl.where(empty, 1.0, denom)[:, None]
+    denominator, lse = merge_finish(total, m)
+    out = acc / denominator[:, None]
     o_ptrs = (Out + batch * stride_ob + head * stride_oh + offs_m[:, None].to(tl.int64) * stride_oq
               + offs_d[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
-    tl.store(Lse + rows, tl.where(empty, float("-inf"), shift + tl.log(denom)), mask=row_ok)
+    tl.store(Lse + rows, lse, mask=row_ok)
 
 
 ATTN_MERGE = KernelSpec(attn_merge, [

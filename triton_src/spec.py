@@ -18,6 +18,7 @@ that breaks them).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 TYPES = ("*T", "*fp32", "*i32", "i32", "i64", "fp32")
@@ -77,26 +78,27 @@ class KernelSpec:
 
     def __init__(self, kernel, params: list[Param]):
         self.kernel = kernel
-        self.name: str = kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__
+        self.name: str = kernel.fn.__name__
         self.params: tuple[Param, ...] = tuple(params)
-        constexprs = {p.name for p in kernel.params if p.is_constexpr}
-        runtime = [p.name for p in kernel.params if not p.is_constexpr]
+        arguments = _kernel_arguments(kernel)
+        runtime = [name for name, is_constexpr in arguments if not is_constexpr]
         declared = [p.name for p in self.params]
         if declared != runtime:
             raise TypeError(f"{self.name}: the spec declares runtime parameters {declared} but the kernel "
                             f"takes {runtime}; keep the spec beside the kernel in the kernel's order")
-        self.constexprs: tuple[str, ...] = tuple(p.name for p in kernel.params if p.name in constexprs)
+        self.constexprs: tuple[str, ...] = tuple(name for name, is_constexpr in arguments if is_constexpr)
+        self.arg_names: tuple[str, ...] = tuple(name for name, _ in arguments)
 
     def triton_signature(self, dtype: str) -> tuple[dict, dict]:
         """(signature, attrs) for triton.compile's ASTSource; constexprs are "constexpr"."""
         types = {p.name: p for p in self.params}
         signature, attrs = {}, {}
-        for index, p in enumerate(self.kernel.params):
-            param = types.get(p.name)
+        for index, name in enumerate(self.arg_names):
+            param = types.get(name)
             if param is None:
-                signature[p.name] = "constexpr"
+                signature[name] = "constexpr"
                 continue
-            signature[p.name] = param.type.replace("*T", "*" + dtype)
+            signature[name] = param.type.replace("*T", "*" + dtype)
             if param.divisible_by:
                 attrs[(index,)] = [["tt.divisibility", param.divisible_by]]
         return signature, attrs
@@ -112,6 +114,17 @@ class KernelSpec:
         runtime = [arguments[n] for n in names]
         constants = {n: arguments[n] for n in self.constexprs if n in arguments}
         return self.kernel[grid](*runtime, **constants, num_warps=num_warps, num_stages=num_stages)
+
+
+def _kernel_arguments(kernel) -> list[tuple[str, bool]]:
+    """(name, is_constexpr) of each parameter of a @triton.jit function, read from its Python
+    signature, which the JIT and the interpreter (TRITON_INTERPRET=1) both keep as `.fn`."""
+    out = []
+    for p in inspect.signature(kernel.fn).parameters.values():
+        annotation = p.annotation
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+        out.append((p.name, text.split(".")[-1] == "constexpr"))
+    return out
 
 
 def tensor_strides(tensor_tag: str, t, dims: str = "bsh") -> dict:

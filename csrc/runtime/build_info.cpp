@@ -1,37 +1,34 @@
 // C entry points for tools that inspect a built library without calling an op:
 // `python -m fattn info` reads them through ctypes.
-#include <cstring>
 #include <string>
 
-#include "runtime/kernel_select.h"
+#include "runtime/arch.h"
+#include "runtime/kernel_index.h"
 #include "runtime/kernel_table.h"
 
 namespace {
 
+std::string describe_entry(const fattn::runtime::KernelEntry& e) {
+  std::string out = "{\"kernel\": \"" + std::string(e.kernel) + "\", \"arch\": " + std::to_string(e.arch) +
+                    ", \"dtype\": \"" + fattn::runtime::dtype_tag(e.dtype) + "\", \"function\": \"" +
+                    e.function_name + "\", \"num_warps\": " + std::to_string(e.num_warps) +
+                    ", \"num_stages\": " + std::to_string(e.num_stages) +
+                    ", \"shared\": " + std::to_string(e.shared_bytes) +
+                    ", \"global_scratch_size\": " + std::to_string(e.global_scratch_size) +
+                    ", \"cubin_size\": " + std::to_string(e.cubin_size) +
+                    ", \"ptx_size\": " + std::to_string(e.ptx_size) + ", \"constants\": {";
+  for (int c = 0; c < e.num_constants; ++c) {
+    out += (c ? ", \"" : "\"") + std::string(e.constants[c].name) + "\": " + std::to_string(e.constants[c].value);
+  }
+  out += "}, \"params\": [";
+  for (int p = 0; p < e.num_params; ++p) out += (p ? ", \"" : "\"") + std::string(e.param_names[p]) + "\"";
+  return out + "]}";
+}
+
 std::string describe_table() {
   using namespace fattn::runtime;
   std::string out = "{\"triton_version\": \"" + std::string(kernel_triton_version()) + "\", \"kernels\": [";
-  for (size_t i = 0; i < kernel_table_size(); ++i) {
-    const KernelEntry& e = kernel_table()[i];
-    out += i ? ", " : "";
-    out += "{\"kernel\": \"" + std::string(e.kernel) + "\", \"arch\": " + std::to_string(e.arch) +
-           ", \"dtype\": \"" + e.dtype + "\", \"function\": \"" + e.function_name +
-           "\", \"num_warps\": " + std::to_string(e.num_warps) +
-           ", \"num_stages\": " + std::to_string(e.num_stages) +
-           ", \"shared\": " + std::to_string(e.shared_bytes) +
-           ", \"global_scratch_size\": " + std::to_string(e.global_scratch_size) +
-           ", \"cubin_size\": " + std::to_string(e.cubin_size) +
-           ", \"ptx_size\": " + std::to_string(e.ptx_size) + ", \"constants\": {";
-    for (int c = 0; c < e.num_constants; ++c) {
-      out += (c ? ", \"" : "\"") + std::string(e.constants[c].name) + "\": " +
-             std::to_string(e.constants[c].value);
-    }
-    out += "}, \"params\": [";
-    for (int p = 0; p < e.num_params; ++p) {
-      out += (p ? ", \"" : "\"") + std::string(e.params[p].name) + "\"";
-    }
-    out += "]}";
-  }
+  for (size_t i = 0; i < kernel_table_size(); ++i) out += (i ? ", " : "") + describe_entry(kernel_table()[i]);
   return out + "]}";
 }
 
@@ -45,5 +42,6 @@ extern "C" __attribute__((visibility("default"))) const char* fattn_build_info_j
 // The arch whose cubins serve a device of compute capability `device_arch` for
 // `kernel`, by the same rule the ops use; -1 if none.
 extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch) {
-  return fattn::runtime::pick_arch(fattn::runtime::built_archs(kernel), device_arch);
+  using namespace fattn::runtime;
+  return pick_arch(built_archs(kernel_id_of(kernel)), device_arch);
 }

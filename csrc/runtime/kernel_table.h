@@ -1,10 +1,10 @@
 // The table of precompiled kernels that aot_build generates (build/generated/kernel_table.cpp).
 //
-// Each entry is one Triton kernel compiled for one arch with fixed constexprs. The
-// runtime knows nothing about what a kernel computes: ops find entries by kernel
-// name, dtype and constants, and the launch helper marshals arguments by the
-// entry's parameter list (Triton's launch ABI: non-constexpr parameters in order,
-// then global scratch, then profile scratch).
+// Each entry is one Triton kernel compiled for one arch with fixed constexprs. Ops never
+// search it by name: kernel_index.h finds an entry by (kernel id, arch, dtype, head-dim
+// bucket, flags key), and the generated launchers (kernel_launchers.h) pass the arguments
+// in the kernel's order (Triton's launch ABI: non-constexpr parameters, then the global
+// and profile scratch pointers).
 #pragma once
 
 #include <cstddef>
@@ -12,12 +12,7 @@
 
 namespace fattn::runtime {
 
-enum class ParamType : uint8_t { Pointer, I32, I64, F32 };
-
-struct KernelParam {
-  const char* name;
-  ParamType type;
-};
+enum class DType : uint8_t { F16, BF16, F32 };
 
 struct KernelConstant {
   const char* name;
@@ -26,11 +21,15 @@ struct KernelConstant {
 
 struct KernelEntry {
   const char* kernel;  // Triton function name, e.g. "attn_fwd"
+  int kernel_id;       // its index in kernel_launchers.h (fattn::kernels::<kernel>::kId)
   int arch;            // 10 * major + minor of the target
-  const char* dtype;   // element type of the tensors: "fp16", "bf16"
+  DType dtype;         // element type of the tensors
+  int block_d;         // the head-dim bucket (constant BLOCK_D)
+  uint64_t flags_key;  // the flag constants packed as <kernel>::flags_key packs them
+  // Every constexpr, sorted by name: <kernel>::Constant indexes this array.
   const KernelConstant* constants;
   int num_constants;
-  const KernelParam* params;
+  const char* const* param_names;  // the runtime parameters, for build_info only
   int num_params;
   int num_warps;
   int num_stages;
@@ -44,8 +43,6 @@ struct KernelEntry {
   // decompresses it at first load), or a raw cubin / NUL-terminated PTX.
   const char* function_name;
 
-  // Value of a constexpr; throws if the kernel has no such constant.
-  int64_t constant(const char* name) const;
   const unsigned char* cubin() const;
   const char* ptx() const;
 };
@@ -54,5 +51,6 @@ const KernelEntry* kernel_table();
 size_t kernel_table_size();
 const unsigned char* kernel_blob();
 const char* kernel_triton_version();
+const char* dtype_tag(DType dtype);  // "fp16", "bf16", "fp32": Triton's names
 
 }  // namespace fattn::runtime

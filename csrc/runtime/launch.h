@@ -1,29 +1,11 @@
-// The one launch helper: marshals named arguments by a table entry's parameter
-// list and launches with cuLaunchKernel on torch's current stream.
+// Launching a table entry: what the generated launchers (kernel_launchers.h) call.
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 
 #include "runtime/kernel_table.h"
 
 namespace fattn::runtime {
-
-// A named kernel argument. Integers are range-checked against the parameter's
-// declared width; floats are passed as the 4-byte float Triton declares.
-struct Arg {
-  enum class Kind { Pointer, Int, Float };
-  const char* name;
-  Kind kind;
-  const void* pointer = nullptr;
-  int64_t integer = 0;
-  double real = 0.0;
-
-  Arg(const char* n, const void* p) : name(n), kind(Kind::Pointer), pointer(p) {}
-  Arg(const char* n, int64_t v) : name(n), kind(Kind::Int), integer(v) {}
-  Arg(const char* n, int v) : name(n), kind(Kind::Int), integer(v) {}
-  Arg(const char* n, double v) : name(n), kind(Kind::Float), real(v) {}
-};
 
 struct Grid {
   unsigned x = 1, y = 1, z = 1;
@@ -35,10 +17,21 @@ struct LaunchTarget {
   bool from_ptx;  // load the entry's PTX instead of its cubin (FATTN_FORCE_PTX_ARCH)
 };
 
-// Launches `target` over `grid` on the current torch stream of its device. Every
-// parameter of the kernel must be named exactly once in `args`. Allocates the
-// kernel's global scratch from torch's caching allocator (so CUDA graph capture
-// works) when its metadata asks for it.
-void launch(const LaunchTarget& target, Grid grid, std::initializer_list<Arg> args);
+// A chosen variant of kernel K (a struct of kernel_launchers.h): the type ties the
+// variant to K's launcher, and K::Constant indexes its constexprs directly.
+template <typename K>
+struct Variant {
+  LaunchTarget target;
+  int64_t constant(typename K::Constant c) const { return target.entry->constants[c].value; }
+};
+
+// `value` as the kernel's int32 parameter `name`; throws naming both when it does not fit.
+int32_t narrow_i32(const LaunchTarget& target, const char* name, int64_t value);
+
+// Launches `target` over `grid` on the current torch stream of its device. `params` holds
+// one pointer per runtime parameter, in the kernel's order, then &scratch[0] and
+// &scratch[1]: the kernel's global and profile scratch, allocated here from torch's
+// caching allocator (so CUDA graph capture works) when its metadata asks for it.
+void launch(const LaunchTarget& target, Grid grid, void** params, void** scratch);
 
 }  // namespace fattn::runtime

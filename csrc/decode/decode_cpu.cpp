@@ -9,11 +9,10 @@
 #include <limits>
 #include <vector>
 
-#include "ops/attention_inputs.h"
-#include "ops/decode_inputs.h"
-#include "ops/ops.h"
+#include "decode/decode_shape.h"
+#include "ops.h"
 
-namespace fattn::ops {
+namespace fattn {
 namespace {
 
 constexpr const char* kOp = "fattn.decode";
@@ -34,11 +33,7 @@ void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, c
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k,
-                                      std::optional<Tensor> v, std::optional<Tensor> cache_seqlens,
-                                      std::optional<Tensor> block_table, std::optional<double> softmax_scale,
-                                      bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                      int64_t num_splits) {
+std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                             softmax_scale, causal, window_left, window_right, softcap, num_splits);
   Tensor seqlens_t, table_t;
@@ -110,4 +105,4 @@ std::tuple<Tensor, Tensor> decode_cpu(Tensor q, Tensor k_cache, Tensor v_cache, 
   return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
 }
 
-}  // namespace fattn::ops
+}  // namespace fattn

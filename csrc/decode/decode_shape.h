@@ -1,12 +1,12 @@
-// Validation of fattn::decode's inputs, shared by its CUDA and CPU implementations.
+// The inputs of fattn::decode: validated once, for CUDA and CPU alike.
 #pragma once
-
-#include <torch/csrc/stable/tensor.h>
 
 #include <optional>
 #include <utility>
 
-namespace fattn::ops {
+#include "common/tensor_checks.h"
+
+namespace fattn {
 
 constexpr int64_t kMaxDecodeQueries = 16;  // query tokens per sequence (speculative decoding)
 constexpr int64_t kMaxDecodeSplits = 256;
@@ -31,12 +31,12 @@ struct DecodeShape {
 
 // Checks everything that can be checked from shapes, dtypes and devices (no device
 // values): throws std::runtime_error naming the argument and the expectation.
-DecodeShape check_decode_inputs(const char* op, const torch::stable::Tensor& q,
-                                const torch::stable::Tensor& k_cache, const torch::stable::Tensor& v_cache,
-                                const std::optional<torch::stable::Tensor>& k,
-                                const std::optional<torch::stable::Tensor>& v,
-                                const std::optional<torch::stable::Tensor>& cache_seqlens,
-                                const std::optional<torch::stable::Tensor>& block_table,
+DecodeShape check_decode_inputs(const char* op, const Tensor& q,
+                                const Tensor& k_cache, const Tensor& v_cache,
+                                const std::optional<Tensor>& k,
+                                const std::optional<Tensor>& v,
+                                const std::optional<Tensor>& cache_seqlens,
+                                const std::optional<Tensor>& block_table,
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                 int64_t window_right, double softcap, int64_t num_splits);
 
@@ -45,4 +45,4 @@ DecodeShape check_decode_inputs(const char* op, const torch::stable::Tensor& q,
 // point to contiguous int32 data ([batch] and [batch, pages_per_seq]); either may be null.
 void check_decode_values(const char* op, const DecodeShape& s, const int32_t* seqlens, const int32_t* table);
 
-}  // namespace fattn::ops
+}  // namespace fattn

@@ -9,20 +9,13 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/attention_inputs.h"
-#include "ops/ops.h"
+#include "attention/attention_shape.h"
+#include "ops.h"
 
-namespace fattn::ops {
-namespace {
+namespace fattn {
 
-using torch::headeronly::ScalarType;
-
-}  // namespace
-
-std::tuple<Tensor, Tensor, Tensor> backward_cpu(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                                Tensor lse, std::optional<Tensor> dlse,
-                                                std::optional<double> softmax_scale, bool causal,
-                                                bool /*deterministic: loops are always ordered*/) {
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
+  (void)deterministic;  // the loops are always ordered
   const char* op = "fattn.backward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
@@ -40,7 +33,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(Tensor dout, Tensor q, Tensor k,
   double *DQ = dq.mutable_data_ptr<double>(), *DK = dk.mutable_data_ptr<double>(),
          *DV = dv.mutable_data_ptr<double>();
   const int64_t D = s.head_dim, H = s.heads, HK = s.kv_heads;
-  const int64_t diagonal = s.seqlen_k - s.seqlen_q;
+  const int64_t diagonal = s.diagonal();
 
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < H; ++h) {
@@ -75,4 +68,4 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(Tensor dout, Tensor q, Tensor k,
   return {torch::stable::to(dq, dtype), torch::stable::to(dk, dtype), torch::stable::to(dv, dtype)};
 }
 
-}  // namespace fattn::ops
+}  // namespace fattn

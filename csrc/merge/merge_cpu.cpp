@@ -4,10 +4,10 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/attention_inputs.h"
-#include "ops/ops.h"
+#include "merge/merge_shape.h"
+#include "ops.h"
 
-namespace fattn::ops {
+namespace fattn {
 
 std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses) {
   const MergeShape m = check_merge_inputs("fattn.merge_attention_states", outs, lses);
@@ -46,4 +46,4 @@ std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses) {
   return {torch::stable::to(out, dtype), torch::stable::to(lse, lse_dtype(dtype))};
 }
 
-}  // namespace fattn::ops
+}  // namespace fattn

@@ -1,27 +1,21 @@
 // fattn::forward on CPU: the plain, obviously-correct definition of the operator.
 //
-// It is the semantic reference of the CUDA kernels (same masking, same GQA
-// mapping, same lse convention) and lets everything above the kernels run on
-// machines without a GPU. It computes in float64 with a two-pass softmax.
+// It is the semantic reference of the CUDA kernels (same masking, same GQA mapping, same
+// lse convention) and lets everything above the kernels run on machines without a GPU.
+// It computes in float64 with a two-pass softmax.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "ops/attention_inputs.h"
-#include "ops/ops.h"
+#include "attention/attention_shape.h"
+#include "ops.h"
 
-namespace fattn::ops {
-namespace {
+namespace fattn {
 
-using torch::headeronly::ScalarType;
-
-}  // namespace
-
-std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
-                                       std::optional<double> softmax_scale, bool causal,
-                                       bool /*deterministic*/) {
+std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
+  (void)deterministic;
   const AttentionShape s = check_attention_inputs("fattn.forward", q, k, v, softmax_scale);
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
@@ -33,8 +27,6 @@ std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
   double* O = out_d.mutable_data_ptr<double>();
   double* L = lse_d.mutable_data_ptr<double>();
   const int64_t D = s.head_dim, H = s.heads, HK = s.kv_heads;
-  // Causal is aligned to the bottom-right corner: row i sees key j iff j <= i + diagonal.
-  const int64_t diagonal = s.seqlen_k - s.seqlen_q;
   const double neg_inf = -std::numeric_limits<double>::infinity();
   std::vector<double> scores(s.seqlen_k);
 
@@ -43,8 +35,8 @@ std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
       const int64_t hk = h / s.group();  // GQA: consecutive q heads share one kv head
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
         const double* qi = Q + ((b * s.seqlen_q + i) * H + h) * D;
-        const int64_t visible = causal ? std::min(s.seqlen_k, std::max<int64_t>(0, i + diagonal + 1))
-                                       : s.seqlen_k;
+        const int64_t visible =
+            causal ? std::min(s.seqlen_k, std::max<int64_t>(0, i + s.diagonal() + 1)) : s.seqlen_k;
         double row_max = neg_inf;
         for (int64_t j = 0; j < visible; ++j) {
           const double* kj = K + ((b * s.seqlen_k + j) * HK + hk) * D;
@@ -76,4 +68,4 @@ std::tuple<Tensor, Tensor> forward_cpu(Tensor q, Tensor k, Tensor v,
   return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
 }
 
-}  // namespace fattn::ops
+}  // namespace fattn

@@ -1,0 +1,79 @@
+#include "common/kernel_choice.h"
+
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "runtime/arch.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/kernel_index.h"
+
+namespace fattn {
+
+using runtime::DType;
+
+ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int device) {
+  const std::vector<int>& built = runtime::built_archs(kernel_id);
+  const int device_arch = cuda::compute_capability(device);
+  const int forced = runtime::forced_ptx_arch();
+  if (forced >= 0) {
+    if (std::find(built.begin(), built.end(), forced) == built.end()) {
+      fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " but this build has PTX for ", runtime::join_archs(built));
+    }
+    if (forced > device_arch) {
+      fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " is newer than the GPU (sm_", device_arch, ")");
+    }
+    return {forced, true};
+  }
+  const int arch = runtime::pick_arch(built, device_arch);
+  if (arch < 0) {
+    fail(op, "no ", kernel, " kernel for this GPU (cuda:", device, " is sm_", device_arch, "); this build has ",
+         runtime::join_archs(built), ". Rebuild with FATTN_CUDA_ARCHS including ", device_arch);
+  }
+  return {arch, false};
+}
+
+int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, DType dtype, int64_t head_dim) {
+  const std::vector<int>& buckets = runtime::built_buckets(kernel_id, arch, dtype);
+  for (int b : buckets) {
+    if (b >= head_dim) return b;
+  }
+  std::string built;
+  for (int b : buckets) built += (built.empty() ? "" : ", ") + std::to_string(b);
+  fail(op, "head_dim ", head_dim, " has no compiled ", kernel, " kernel for sm_", arch, " (head-dim buckets built: ",
+       built.empty() ? "none" : built, "); rebuild with FATTN_HEAD_DIMS including ", head_dim);
+}
+
+DType kernel_dtype(ScalarType dtype) {
+  return dtype == ScalarType::Half ? DType::F16 : dtype == ScalarType::BFloat16 ? DType::BF16 : DType::F32;
+}
+
+void fail_no_variant(const char* op, const char* kernel, int arch, DType dtype, int bucket) {
+  fail(op, "the build has no ", kernel, " variant for sm_", arch, " ", runtime::dtype_tag(dtype),
+       " with BLOCK_D=", bucket, " and the requested flags; see aot_build/configs.json");
+}
+
+void check_grid(const char* op, runtime::Grid grid, const char* x_counts, const char* y_counts,
+                const char* z_counts) {
+  constexpr unsigned kMaxYZ = 65535, kMaxX = 2147483647u;
+  if (grid.x > kMaxX) fail(op, x_counts, " (", grid.x, ") exceeds the launch grid limit of ", kMaxX);
+  if (grid.y > kMaxYZ) fail(op, y_counts, " (", grid.y, ") exceeds the launch grid limit of ", kMaxYZ);
+  if (grid.z > kMaxYZ) fail(op, z_counts, " (", grid.z, ") exceeds the launch grid limit of ", kMaxYZ);
+}
+
+Tensor aligned_for_kernel(const Tensor& t) {
+  auto meets = [](const Tensor& x) {
+    if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) return false;
+    for (int d = 0; d + 1 < x.dim(); ++d) {
+      if (x.size(d) > 1 && x.stride(d) % 8 != 0) return false;
+    }
+    return x.dim() == 0 || x.stride(x.dim() - 1) == 1;
+  };
+  if (meets(t)) return t;
+  Tensor c = torch::stable::contiguous(t);  // a view's copy starts on a fresh allocation
+  return meets(c) ? c : torch::stable::clone(c);
+}
+
+}  // namespace fattn

@@ -1,0 +1,62 @@
+// Choosing and feeding a compiled variant: what every op's CUDA side shares.
+//
+// choose<K>() picks the variant of kernel K (a struct of the generated kernel_launchers.h)
+// for a call: the arch that serves the device (or FATTN_FORCE_PTX_ARCH), the smallest
+// head-dim bucket that holds head_dim, and the op's flags. It scans nothing and allocates
+// nothing unless it fails; errors name what the build lacks.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+
+#include "common/tensor_checks.h"
+#include "kernel_launchers.h"
+#include "runtime/kernel_index.h"
+#include "runtime/launch.h"
+
+namespace fattn {
+
+struct ArchChoice {
+  int arch;
+  bool from_ptx;
+};
+
+// The arch serving `device` for kernel `kernel_id` (named `kernel` in errors).
+ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int device);
+// The smallest built head-dim bucket >= head_dim.
+int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, runtime::DType dtype,
+                  int64_t head_dim);
+runtime::DType kernel_dtype(ScalarType dtype);
+[[noreturn]] void fail_no_variant(const char* op, const char* kernel, int arch, runtime::DType dtype, int bucket);
+
+template <typename K>
+runtime::Variant<K> choose(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
+                           const typename K::Flags& flags) {
+  const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
+  const runtime::DType dtype = kernel_dtype(scalar_type);
+  const int bucket = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
+  const runtime::KernelEntry* entry =
+      runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, bucket != head_dim));
+  if (entry == nullptr) fail_no_variant(op, K::kName, a.arch, dtype, bucket);
+  return {{entry, device, a.from_ptx}};
+}
+
+// CUDA's launch grid: x up to 2^31 - 1, y and z up to 65535. Ops check every grid they will
+// launch before the first launch (or write), naming what each dimension counts.
+void check_grid(const char* op, runtime::Grid grid, const char* x_counts, const char* y_counts,
+                const char* z_counts);
+
+// Kernels assume 16-byte aligned bases and strides that are multiples of 8 elements
+// (16-byte vector loads); a tensor that breaks this (a rare view) is replaced by an
+// aligned contiguous copy.
+Tensor aligned_for_kernel(const Tensor& t);
+
+// The stride a kernel sees for dim `d`: 0 for a dim of size 1, which is never stepped and
+// whose stride views may leave arbitrary.
+inline int64_t kernel_stride(const Tensor& t, int d) { return t.size(d) > 1 ? t.stride(d) : 0; }
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+inline unsigned dim(int64_t n) { return static_cast<unsigned>(n); }
+
+}  // namespace fattn

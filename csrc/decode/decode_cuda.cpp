@@ -1,0 +1,140 @@
+// fattn::decode on CUDA: append the new tokens, attend split-K, merge the splits.
+//
+// Up to three launches, all sized from shapes alone (never from cache_seqlens, which stays
+// on the device), so a decode step can be captured in a CUDA graph and replayed with new
+// lengths: kv_append (when k/v are given), attn_decode_split, and attn_decode_merge (when
+// there is more than one split).
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/kernel_choice.h"
+#include "decode/decode_shape.h"
+#include "ops.h"
+#include "runtime/cuda_driver.h"
+
+namespace fattn {
+namespace {
+
+using kernels::attn_decode_merge;
+using kernels::attn_decode_split;
+using kernels::kv_append;
+constexpr const char* kOp = "fattn.decode";
+// The automatic split count, from the H100 sweeps of benchmarks/bench_decode.py (NOTES.md):
+// as many splits as keep every program in the first wave, one program per SM. A second,
+// partial wave costs more than it adds: 17 splits x 8 KV heads on 132 SMs ran 20 % slower
+// than 16. Chunks never shrink below kMinTilesPerSplit key tiles.
+constexpr int64_t kMinTilesPerSplit = 2;
+constexpr int64_t kMaxAutoSplits = 64;
+
+int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int device) {
+  const int64_t sms = cuda::multiprocessor_count(device);
+  const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
+  return std::clamp<int64_t>(std::min(sms / programs, shortest), 1, kMaxAutoSplits);
+}
+
+// The kernels write the cache in place, so it cannot be swapped for an aligned copy the way
+// read-only inputs are (aligned_for_kernel); without an append it can.
+Tensor cache_for_kernel(const char* name, const Tensor& cache, bool written) {
+  Tensor aligned = aligned_for_kernel(cache);
+  if (written && aligned.data_ptr() != cache.data_ptr()) {
+    std::string strides;
+    for (int64_t d = 0; d < cache.dim(); ++d) strides += (d ? ", " : "") + std::to_string(cache.stride(d));
+    fail(kOp, name, " must start 16-byte aligned with strides that are multiples of 8 elements to be ",
+         "appended to in place; got strides [", strides, "]");
+  }
+  return aligned;
+}
+
+// Where the cache's rows are: the tensors the kernels read and the block table's view.
+struct CacheView {
+  Tensor k, v, seqlens;
+  const void* table;
+  int64_t stride_tb;
+};
+
+void append(const DecodeShape& s, const CacheView& c, const Tensor& k, const Tensor& v, int device, ScalarType dtype) {
+  const auto kernel = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
+  const Tensor k_new = aligned_for_kernel(k), v_new = aligned_for_kernel(v);
+  kernels::launch_kv_append(kernel, {dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)}, {
+      .KNew = k_new.data_ptr(), .VNew = v_new.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(),
+      .CacheSeqlens = c.seqlens.data_ptr(), .BlockTable = c.table,
+      .stride_nkb = kernel_stride(k_new, 0), .stride_nks = kernel_stride(k_new, 1), .stride_nkh = kernel_stride(k_new, 2),
+      .stride_nvb = kernel_stride(v_new, 0), .stride_nvs = kernel_stride(v_new, 1), .stride_nvh = kernel_stride(v_new, 2),
+      .stride_kb = kernel_stride(c.k, 0), .stride_ks = kernel_stride(c.k, 1), .stride_kh = kernel_stride(c.k, 2),
+      .stride_vb = kernel_stride(c.v, 0), .stride_vs = kernel_stride(c.v, 1), .stride_vh = kernel_stride(c.v, 2),
+      .stride_tb = c.stride_tb, .page_size = s.page_size, .capacity = s.capacity, .head_dim = s.head_dim});
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
+  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
+                                            causal, window_left, window_right, softcap, num_splits);
+  if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX) {
+    fail(kOp, "the cache holds ", s.capacity, " keys per sequence; at most 2^31 - 1 are supported");
+  }
+  const int device = q.get_device_index();
+  const ScalarType dtype = q.scalar_type();
+  const auto split = choose<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
+  const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
+  const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
+  const int64_t row_tiles = (s.seqlen_q * s.group() + block_m - 1) / block_m;
+  const int64_t splits = num_splits > 0 ? num_splits
+                                        : auto_num_splits(s.batch * s.kv_heads * row_tiles, s.capacity,
+                                                          split.constant(attn_decode_split::BLOCK_N), device);
+  const runtime::Grid split_grid{dim(splits), dim(s.kv_heads * row_tiles), dim(s.batch)};
+  const runtime::Grid merge_grid{dim(s.seqlen_q), dim(s.heads), dim(s.batch)};
+  check_grid(kOp, split_grid, "splits", "kv_heads x query tiles", "batch");
+  check_grid(kOp, merge_grid, "query tokens", "heads", "batch");
+  check_grid(kOp, {dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)}, "new tokens", "kv heads", "batch");
+
+  Tensor out = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+  Tensor lse = torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
+  if (s.batch == 0) return {out, lse};
+
+  q = aligned_for_kernel(q);
+  CacheView c{cache_for_kernel("k_cache", k_cache, k.has_value()), cache_for_kernel("v_cache", v_cache, k.has_value()),
+              Tensor(), block_table ? block_table->data_ptr() : nullptr, block_table ? block_table->stride(0) : 0};
+  if (cache_seqlens) {
+    c.seqlens = torch::stable::contiguous(*cache_seqlens);
+  } else {  // every sequence fills its cache
+    c.seqlens = torch::stable::new_empty(q, {s.batch}, ScalarType::Int);
+    torch::stable::fill_(c.seqlens, static_cast<double>(s.capacity));
+  }
+  if (k && s.seqlen_new > 0) append(s, c, *k, *v, device, dtype);
+  if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
+
+  // fp32 partials, one [batch, seqlen_q, heads, head_dim] slab (and lse slab) per split.
+  Tensor part_out, part_lse;
+  if (splits > 1) {
+    part_out = torch::stable::new_empty(q, {splits, s.batch, s.seqlen_q, s.heads, s.head_dim}, ScalarType::Float);
+    part_lse = torch::stable::new_empty(q, {splits, s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
+  }
+  const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  // Scores are kept in the log2 domain. With a softcap the kernel computes
+  // softcap * log2(e) * tanh(q.k * scale / softcap); otherwise q.k * scale * log2(e).
+  kernels::launch_attn_decode_split(split, split_grid, {
+      .Q = q.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(),
+      .BlockTable = c.table, .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
+      .PartLse = splits > 1 ? part_lse.data_ptr() : nullptr, .Out = out.data_ptr(), .Lse = lse.data_ptr(),
+      .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1), .stride_qh = kernel_stride(q, 2),
+      .stride_kb = kernel_stride(c.k, 0), .stride_ks = kernel_stride(c.k, 1), .stride_kh = kernel_stride(c.k, 2),
+      .stride_vb = kernel_stride(c.v, 0), .stride_vs = kernel_stride(c.v, 1), .stride_vh = kernel_stride(c.v, 2),
+      .stride_tb = c.stride_tb, .seqlen_q = s.seqlen_q, .num_heads = s.heads, .kv_group_size = s.group(),
+      .head_dim = s.head_dim, .seqlen_new = s.seqlen_new, .capacity = s.capacity, .page_size = s.page_size,
+      .num_splits = splits, .window_left = s.window_left, .window_right = s.window_right,
+      .qk_scale = softcap > 0 ? scale / softcap : scale * M_LOG2E,
+      .softcap_log2 = softcap > 0 ? softcap * M_LOG2E : 0.0});
+  if (splits > 1) {
+    kernels::launch_attn_decode_merge(merge, merge_grid, {
+        .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),
+        .num_rows = s.batch * s.seqlen_q * s.heads, .num_splits = splits, .seqlen_q = s.seqlen_q,
+        .num_heads = s.heads, .head_dim = s.head_dim});
+  }
+  return {out, lse};
+}
+
+}  // namespace fattn

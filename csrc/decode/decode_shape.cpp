@@ -1,0 +1,155 @@
+#include "decode/decode_shape.h"
+
+#include <cmath>
+
+namespace fattn {
+namespace {
+
+void check_query(const char* op, const Tensor& q, DecodeShape& s) {
+  check_rank(op, "q", q, 4, "[batch, seqlen_q, heads, head_dim]");
+  check_attention_dtype(op, "q", q);
+  s.batch = q.size(0);
+  s.seqlen_q = q.size(1);
+  s.heads = q.size(2);
+  s.head_dim = q.size(3);
+  if (s.seqlen_q < 1 || s.seqlen_q > kMaxDecodeQueries) {
+    fail(op, "q has seqlen ", s.seqlen_q, "; decoding takes 1 to ", kMaxDecodeQueries,
+         " query tokens per sequence (use flash_attn_func for longer queries)");
+  }
+  check_head_dim(op, s.head_dim);
+  check_last_dim_contiguous(op, "q", q);
+}
+
+void check_caches(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, DecodeShape& s) {
+  const char* names[] = {"k_cache", "v_cache"};
+  const Tensor* caches[] = {&k_cache, &v_cache};
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& c = *caches[i];
+    if (c.dim() != 4) {
+      fail(op, names[i], " must be a 4-D tensor [batch, capacity, kv_heads, head_dim] (or [num_pages, ",
+           "page_size, kv_heads, head_dim] with block_table), got shape ", shape_of(c));
+    }
+    check_same_device(op, names[i], c, "q", q);
+    check_same_dtype(op, names[i], c, "q", q);
+    if (c.size(3) != s.head_dim) fail(op, names[i], " has head_dim ", c.size(3), " but q has ", s.head_dim);
+    check_last_dim_contiguous(op, names[i], c);
+  }
+  if (v_cache.size(0) != k_cache.size(0) || v_cache.size(1) != k_cache.size(1) || v_cache.size(2) != k_cache.size(2)) {
+    fail(op, "v_cache has shape ", shape_of(v_cache), " but k_cache has ", shape_of(k_cache),
+         "; they must have the same shape");
+  }
+  s.kv_heads = k_cache.size(2);
+  check_head_groups(op, s.heads, s.kv_heads, "k_cache and v_cache");
+}
+
+void check_pages(const char* op, const Tensor& q, const Tensor& k_cache, const std::optional<Tensor>& block_table,
+                 DecodeShape& s) {
+  s.paged = block_table.has_value();
+  if (!s.paged) {
+    if (k_cache.size(0) != s.batch) {
+      fail(op, "k_cache has batch size ", k_cache.size(0), " but q has ", s.batch, " (a paged cache needs block_table)");
+    }
+    s.capacity = k_cache.size(1);
+    s.page_size = s.capacity;
+    s.num_pages = s.batch;
+    s.pages_per_seq = 1;
+    return;
+  }
+  const Tensor& t = *block_table;
+  check_index_tensor(op, "block_table", t, 2, q);
+  if (t.size(0) != s.batch) {
+    fail(op, "block_table has shape ", shape_of(t), "; expected [batch, pages_per_seq] with batch ", s.batch);
+  }
+  if (t.stride(1) != 1) fail(op, "block_table must have a contiguous last dim (stride 1)");
+  s.num_pages = k_cache.size(0);
+  s.page_size = k_cache.size(1);
+  s.pages_per_seq = t.size(1);
+  if (s.page_size < 16 || s.page_size % 16 != 0) {
+    fail(op, "page_size (k_cache.size(1) with block_table) is ", s.page_size, "; expected a multiple of 16");
+  }
+  s.capacity = s.pages_per_seq * s.page_size;
+}
+
+void check_new_tokens(const char* op, const Tensor& q, const std::optional<Tensor>& k, const std::optional<Tensor>& v,
+                      const std::optional<Tensor>& cache_seqlens, DecodeShape& s) {
+  if (k.has_value() != v.has_value()) {
+    fail(op, k.has_value() ? "k is given but v is not" : "v is given but k is not",
+         "; pass both new keys and new values, or neither");
+  }
+  if (k.has_value()) {
+    const char* names[] = {"k", "v"};
+    const Tensor* news[] = {&*k, &*v};
+    for (int i = 0; i < 2; ++i) {
+      const Tensor& t = *news[i];
+      if (t.dim() != 4 || t.size(0) != s.batch || t.size(2) != s.kv_heads || t.size(3) != s.head_dim) {
+        fail(op, names[i], " has shape ", shape_of(t), "; expected [batch, seqlen_new, kv_heads, head_dim] = [",
+             s.batch, ", seqlen_new, ", s.kv_heads, ", ", s.head_dim, "]");
+      }
+      check_same_device(op, names[i], t, "q", q);
+      check_same_dtype(op, names[i], t, "q", q);
+      check_last_dim_contiguous(op, names[i], t);
+    }
+    if (v->size(1) != k->size(1)) fail(op, "v has ", v->size(1), " new tokens but k has ", k->size(1));
+    s.seqlen_new = k->size(1);
+    if (s.seqlen_new > s.capacity) {
+      fail(op, "k has ", s.seqlen_new, " new tokens, more than the cache holds (capacity ", s.capacity, ")");
+    }
+    if (!cache_seqlens.has_value()) fail(op, "k and v are given but cache_seqlens is not: it says where the new tokens go");
+  }
+  if (cache_seqlens.has_value()) {
+    check_index_tensor(op, "cache_seqlens", *cache_seqlens, 1, q);
+    if (cache_seqlens->size(0) != s.batch) {
+      fail(op, "cache_seqlens has shape ", shape_of(*cache_seqlens), "; expected [batch] = [", s.batch, "]");
+    }
+  }
+}
+
+}  // namespace
+
+DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const std::optional<Tensor>& k, const std::optional<Tensor>& v,
+                                const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& block_table,
+                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                int64_t window_right, double softcap, int64_t num_splits) {
+  DecodeShape s{};
+  check_query(op, q, s);
+  check_caches(op, q, k_cache, v_cache, s);
+  check_pages(op, q, k_cache, block_table, s);
+  check_new_tokens(op, q, k, v, cache_seqlens, s);
+  check_softmax_scale(op, softmax_scale);
+  if (!(softcap >= 0) || !std::isfinite(softcap)) {
+    fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);
+  }
+  if (num_splits < 0 || num_splits > kMaxDecodeSplits) {
+    fail(op, "num_splits is ", num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
+  }
+  // A window side of capacity + seqlen_q keys or more hides nothing: it is stored as
+  // unbounded, which also keeps it within the kernels' 32-bit bounds.
+  auto bound = [&](int64_t w) { return w < 0 || w >= s.capacity + s.seqlen_q ? int64_t{-1} : w; };
+  s.window_left = bound(window_left);
+  s.window_right = causal ? 0 : bound(window_right);
+  return s;
+}
+
+void check_decode_values(const char* op, const DecodeShape& s, const int32_t* seqlens, const int32_t* table) {
+  for (int64_t b = 0; b < s.batch; ++b) {
+    int64_t keys = s.capacity;
+    if (seqlens != nullptr) {
+      if (seqlens[b] < 0) fail(op, "cache_seqlens[", b, "] is ", seqlens[b], "; expected >= 0");
+      if (seqlens[b] + s.seqlen_new > s.capacity) {
+        fail(op, "cache too small for the append: cache_seqlens[", b, "] = ", seqlens[b], " plus ", s.seqlen_new,
+             " new tokens exceeds the capacity of ", s.capacity);
+      }
+      keys = seqlens[b] + s.seqlen_new;
+    }
+    // Only the pages that hold the sequence's keys are read: the rest of its row may be padding.
+    for (int64_t p = 0; table != nullptr && p < (keys + s.page_size - 1) / s.page_size; ++p) {
+      const int32_t page = table[b * s.pages_per_seq + p];
+      if (page < 0 || page >= s.num_pages) {
+        fail(op, "block_table[", b, ", ", p, "] is ", page, "; expected a page index in [0, ", s.num_pages, ")");
+      }
+    }
+  }
+}
+
+}  // namespace fattn

@@ -1,0 +1,45 @@
+// The operators' implementations, one (CUDA, CPU) pair per operator; schemas in register.cpp.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace fattn {
+
+using torch::stable::Tensor;
+
+// fattn::forward: out [batch, seqlen_q, heads, head_dim] (contiguous, q's dtype) and lse
+// [batch, heads, seqlen_q] (natural log, -inf for empty rows; lse_dtype of q).
+// `deterministic` is not used by the forward; autograd saves it for the backward.
+#define FATTN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, std::optional<double> softmax_scale, bool causal, \
+                           bool deterministic
+std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS);
+std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
+
+// fattn::backward: (dq, dk, dv), contiguous, in the inputs' dtype and shapes. `dlse` is the
+// gradient flowing into the forward's lse (optional). Every mode is deterministic today (no
+// atomics); `deterministic` keeps the contract explicit.
+#define FATTN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
+                            std::optional<Tensor> dlse, std::optional<double> softmax_scale, bool causal, \
+                            bool deterministic
+std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS);
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
+
+// fattn::merge_attention_states: one (out, lse) from a stack of partial results over
+// disjoint key sets, weighted by their lse in fp32; -inf partials are ignored.
+std::tuple<Tensor, Tensor> merge_cuda(Tensor outs, Tensor lses);
+std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
+
+// fattn::decode: attention of 1..16 query tokens per sequence over a (paged) KV cache, after
+// appending the optional new tokens k/v in place at cache_seqlens. Returns out [batch,
+// seqlen_q, heads, head_dim] (q's dtype) and lse [batch, heads, seqlen_q].
+#define FATTN_DECODE_ARGS Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k, \
+                          std::optional<Tensor> v, std::optional<Tensor> cache_seqlens, \
+                          std::optional<Tensor> block_table, std::optional<double> softmax_scale, bool causal, \
+                          int64_t window_left, int64_t window_right, double softcap, int64_t num_splits
+std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS);
+std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS);
+
+}  // namespace fattn

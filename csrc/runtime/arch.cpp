@@ -1,0 +1,36 @@
+#include "runtime/arch.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace fattn::runtime {
+
+int pick_arch(const std::vector<int>& built, int device_arch) {
+  int best = -1;
+  for (int arch : built) {
+    if (arch == device_arch) return arch;
+    if (arch / 10 == device_arch / 10 && arch < device_arch && arch != 90) best = std::max(best, arch);
+  }
+  return best;
+}
+
+int forced_ptx_arch() {
+  const char* text = std::getenv("FATTN_FORCE_PTX_ARCH");
+  if (text == nullptr || *text == '\0') return -1;
+  char* end = nullptr;
+  long arch = std::strtol(text, &end, 10);
+  if (*end != '\0' || arch < 50 || arch > 200) {
+    throw std::runtime_error(std::string("fattn: FATTN_FORCE_PTX_ARCH=") + text +
+                             " is not an arch like 75 or 80");
+  }
+  return static_cast<int>(arch);
+}
+
+std::string join_archs(const std::vector<int>& archs) {
+  std::string out;
+  for (int a : archs) out += (out.empty() ? "sm_" : ", sm_") + std::to_string(a);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace fattn::runtime

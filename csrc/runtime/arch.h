@@ -1,0 +1,23 @@
+// Which compiled arch serves a device: the rule every op and `python -m fattn info` share.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fattn::runtime {
+
+// The arch whose cubins run on a device of compute capability `device_arch`
+// (10 * major + minor): the exact arch if built, else the newest built arch of the
+// same major that is not newer than the device (a cubin runs on later minors of its
+// major). Returns -1 if none. sm_90 cubins use sm_90a features and run on 9.0 only,
+// so they never serve another minor.
+int pick_arch(const std::vector<int>& built, int device_arch);
+
+// Arch override for testing older code paths on a newer GPU: FATTN_FORCE_PTX_ARCH=80
+// makes launches use the PTX of the sm_80 variants, JIT-compiled by the driver. Read at
+// every call (tests set it per case); returns -1 when unset; throws on a malformed value.
+int forced_ptx_arch();
+
+std::string join_archs(const std::vector<int>& archs);
+
+}  // namespace fattn::runtime

@@ -1,0 +1,87 @@
+"""Kernel specs are the one source of each kernel's runtime signature: the spec must match the
+kernel, the generated C++ launchers must follow the spec, and an op that fills a launcher
+wrongly must fail the C++ build, not the first launch."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="the kernel specs live beside the Triton kernels")
+
+from aot_build import emit, grid, launchers  # noqa: E402
+from triton_src import KERNELS  # noqa: E402
+from triton_src.forward import attn_fwd  # noqa: E402
+from triton_src.spec import KernelSpec, f32, i32, tensor  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_configured_kernel_has_a_spec_and_the_reverse():
+    assert set(KERNELS) == set(grid.load_config()["kernels"])
+
+
+def test_spec_that_disagrees_with_its_kernel_is_rejected():
+    with pytest.raises(TypeError, match=r"attn_fwd: the spec declares runtime parameters"):
+        KernelSpec(attn_fwd, [tensor("Q"), tensor("K"), tensor("V"), i32("seqlen_q"), f32("qk_scale")])
+
+
+def test_spec_launch_names_missing_and_unknown_arguments():
+    spec = KERNELS["attn_merge"]
+    with pytest.raises(TypeError, match=r"missing arguments \['Lses'.*unknown arguments \['Lsez'\]"):
+        spec.launch((1,), Outs=None, Lsez=None)
+
+
+@pytest.fixture(scope="module")
+def header():
+    return emit._launchers_h(grid.load_config())
+
+
+def test_launcher_args_follow_each_spec_in_order(header):
+    for name, spec in KERNELS.items():
+        body = header[header.index(f"struct {name} {{"):]
+        args = body[body.index("struct Args {"):body.index("};")]
+        fields = re.findall(r"\s(\w+);", args)
+        assert fields == [p.name for p in spec.params], name
+
+
+def test_table_flag_keys_match_the_launchers_packing(header):
+    # attn_fwd's flags_key packs CAUSAL in byte 0 and the derived PAD_D after it.
+    cfg = grid.load_config()["kernels"]["attn_fwd"]
+    assert launchers.flags_key(cfg, {"CAUSAL": 1, "PAD_D": 0}) == 1
+    assert launchers.flags_key(cfg, {"CAUSAL": 0, "PAD_D": 1}) == 256
+    assert "(uint64_t(f.CAUSAL) << 0) | (uint64_t(pad_d) << 8)" in header
+
+
+MERGE_CALL = """
+#include "kernel_launchers.h"
+void call(const fattn::runtime::Variant<fattn::kernels::attn_merge>& v) {
+  fattn::kernels::launch_attn_merge(v, {1, 1, 1}, {
+      .Outs = nullptr, .Lses = nullptr, .Out = nullptr, .Lse = nullptr,
+      .stride_ps = 0, .stride_pb = 0, .stride_pq = 0, .stride_ph = 0, .stride_ob = 0, .stride_oq = 0,
+      .stride_oh = 0, .num_splits = 1, .seqlen_q = 1, .num_heads = 1%s});
+}
+"""
+
+
+@pytest.mark.parametrize("tail, error", [
+    (", .head_dim = 64", None),
+    ("", r"missing initializer for member .*head_dim"),
+    (", .head_dimm = 64", r"head_dimm|attn_merge::Args"),
+])
+def test_a_wrongly_filled_launcher_fails_the_build(tmp_path, header, tail, error):
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    (tmp_path / "kernel_launchers.h").write_text(header)
+    src = tmp_path / "call.cpp"
+    src.write_text(MERGE_CALL % tail)
+    run = subprocess.run([cxx, "-std=c++20", "-Werror=missing-field-initializers", f"-I{tmp_path}",
+                          f"-I{ROOT / 'csrc'}", "-c", str(src), "-o", str(tmp_path / "call.o")],
+                         capture_output=True, text=True)
+    if error is None:
+        assert run.returncode == 0, run.stderr
+    else:
+        assert run.returncode != 0 and re.search(error, run.stderr), run.stderr

@@ -2,7 +2,8 @@
 
 The library is a plain shared object (libfattn.so) loaded with torch.ops.load_library,
 built against the LibTorch stable ABI for torch 2.11, so one build serves every
-torch >= 2.11 and every Python. No nvcc and no GPU are needed.
+torch >= 2.11 and every Python. No nvcc and no GPU are needed. Its flags live in
+build_flags.txt, which CMakeLists.txt reads too.
 
 Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (narrow the grid), FATTN_AOT_CACHE
 (kernel cache folder), FATTN_BUILD_JOBS (parallel compiles), FATTN_COMPRESS
@@ -24,7 +25,23 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 GENERATED = ROOT / "build" / "generated"
 OBJECTS = ROOT / "build" / "obj"
-TORCH_TARGET_VERSION = "0x020b000000000000"  # torch 2.11: the oldest torch the build loads in
+FLAGS_FILE = ROOT / "build_flags.txt"
+
+
+def read_build_flags(path=FLAGS_FILE):
+    """build_flags.txt as {key: [words]}; CMakeLists.txt parses it by the same rules."""
+    flags = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        key, sep, value = line.partition("=")
+        if ";" in line:  # CMake's file(STRINGS) would split the line there
+            raise ValueError(f"{path}:{number}: no ';' allowed, got {line!r}")
+        if not line or line.startswith("#"):
+            continue
+        if not sep or not re.fullmatch(r"[a-z_]+", key.strip()):
+            raise ValueError(f"{path}:{number}: expected `key = value`, got {line!r}")
+        flags[key.strip()] = shlex.split(value)
+    return flags
 
 
 def csrc_sources():
@@ -50,9 +67,10 @@ class BuildFattn(build_ext):
 
         torch_dir = Path(torch.__file__).parent
         cxx = shlex.split(os.environ.get("CXX", "g++"))
-        flags = ["-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall",
-                 f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
-                 f"-I{torch_dir / 'include'}", f"-I{ROOT / 'csrc'}"]
+        build_flags = read_build_flags()
+        flags = (build_flags["optimize"] + [f"-std=c++{''.join(build_flags['cxx_standard'])}"]
+                 + build_flags["compile_options"] + [f"-D{d}" for d in build_flags["defines"]]
+                 + [f"-I{ROOT / d}" for d in build_flags["include_dirs"]] + [f"-I{torch_dir / 'include'}"])
         OBJECTS.mkdir(parents=True, exist_ok=True)
         header_mtime = max(p.stat().st_mtime for p in (ROOT / "csrc").rglob("*.h"))
 
@@ -72,9 +90,9 @@ class BuildFattn(build_ext):
             objects = list(pool.map(compile_one, csrc_sources()))
         out = Path(self.get_ext_fullpath(ext.name))
         out.parent.mkdir(parents=True, exist_ok=True)
-        # -z defs: every symbol must resolve now, against torch's C shim in libtorch_cpu.
-        link = cxx + ["-shared", "-o", str(out)] + objects + [
-            "-Wl,-z,defs", f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-ldl"]
+        libraries = build_flags["torch_libraries"] + build_flags["system_libraries"]
+        link = (cxx + ["-shared", "-o", str(out)] + objects + build_flags["link_options"]
+                + [f"-L{torch_dir / 'lib'}"] + [f"-l{library}" for library in libraries])
         subprocess.run(link, check=True)
         print(f"fattn: linked {out}", flush=True)
 

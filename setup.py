@@ -195,8 +195,9 @@ class BuildFattn(build_ext):
             list(pool.map(compile_one, stale))  # list(): a failed compile raises here
 
     def _link(self, out, record, objects):
-        # One record per output: an --inplace build and a wheel build link different files.
-        record_file = OBJECTS / ("link_" + shown(out).replace("/", "_") + ".json")
+        # One record for whichever file was linked last: a link to a new place (an editable
+        # install's temporary folder) is a changed command line.
+        record_file = OBJECTS / "libfattn.so.json"
         why = "forced" if self.force else stale_reason(out, record_file, record, objects)
         if why is None:
             print(f"fattn: {shown(out)} up to date", flush=True)

@@ -2,33 +2,155 @@
 
 The library is a plain shared object (libfattn.so) loaded with torch.ops.load_library,
 built against the LibTorch stable ABI for torch 2.11, so one build serves every
-torch >= 2.11 and every Python. No nvcc and no GPU are needed.
+torch >= 2.11 and every Python. No nvcc and no GPU are needed. Its flags live in
+build_flags.txt, which CMakeLists.txt reads too.
+
+An object is recompiled when its source, a header its depfile names, or its command
+line (flags, compiler and the compiler's version) changed; the library is relinked when
+an object changed, its link command changed, or it is missing.
 
 Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (narrow the grid), FATTN_AOT_CACHE
 (kernel cache folder), FATTN_BUILD_JOBS (parallel compiles), FATTN_COMPRESS
 (auto | fatbinary | none), CXX (compiler).
 """
 
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 ROOT = Path(__file__).resolve().parent
+FLAGS_FILE = ROOT / "build_flags.txt"
 GENERATED = ROOT / "build" / "generated"
 OBJECTS = ROOT / "build" / "obj"
-TORCH_TARGET_VERSION = "0x020b000000000000"  # torch 2.11: the oldest torch the build loads in
+
+
+def read_build_flags(path=FLAGS_FILE):
+    """build_flags.txt as {key: [words]}; CMakeLists.txt parses it by the same rules."""
+    flags = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        key, sep, value = line.partition("=")
+        if ";" in line:  # CMake's file(STRINGS) would split the line there
+            raise ValueError(f"{path}:{number}: no ';' allowed, got {line!r}")
+        if not line or line.startswith("#"):
+            continue
+        if not sep or not re.fullmatch(r"[a-z_]+", key.strip()):
+            raise ValueError(f"{path}:{number}: expected `key = value`, got {line!r}")
+        flags[key.strip()] = shlex.split(value)
+    return flags
 
 
 def csrc_sources():
-    return sorted(str(p) for p in (ROOT / "csrc").rglob("*.cpp")) + [str(GENERATED / "kernel_table.cpp")]
+    return sorted((ROOT / "csrc").rglob("*.cpp")) + [GENERATED / "kernel_table.cpp"]
+
+
+def shown(path):
+    path = Path(path)
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
+def compiler_identity(cxx):
+    """The compiler's real path and version line: a different compiler behind the same
+    name (an upgrade, another CXX) must rebuild everything."""
+    found = shutil.which(cxx[0])
+    version = subprocess.run(cxx + ["--version"], capture_output=True, text=True).stdout
+    return [os.path.realpath(found) if found else cxx[0], *version.splitlines()[:1]]
+
+
+def read_depfile(path):
+    """The prerequisites of the one make rule that -MMD writes (source, then headers)."""
+    text = path.read_text().replace("\\\n", " ")
+    _, _, prerequisites = text.partition(": ")
+    words = re.findall(r"(?:\\.|[^\s\\])+", prerequisites)
+    return [w.replace("\\ ", " ").replace("$$", "$") for w in words]
+
+
+def stale_reason(target, record_file, record, inputs):
+    """Why `target` must be rebuilt, or None when it is up to date: it is missing, it was
+    built by another command line, or one of its inputs is newer than it."""
+    if not target.exists():
+        return "new"
+    try:
+        if json.loads(record_file.read_text()) != record:
+            return "command line changed"
+    except (OSError, ValueError):
+        return "no record of its command line"
+    built = target.stat().st_mtime_ns
+    for path in inputs:
+        try:
+            if os.stat(path).st_mtime_ns > built:
+                return f"{shown(path)} changed"
+        except OSError:
+            return f"{shown(path)} is gone"
+    return None
+
+
+class Objects:
+    """One object per source: build/obj/<name>.o, its depfile <name>.o.d and the command
+    line it was compiled with, <name>.o.json."""
+
+    def __init__(self, cxx, flags, identity, force):
+        self.cxx, self.flags, self.identity, self.force = cxx, flags, identity, force
+
+    def paths(self, src):
+        obj = OBJECTS / (shown(src).replace("/", "_") + ".o")
+        return obj, obj.with_name(obj.name + ".d"), obj.with_name(obj.name + ".json")
+
+    def command(self, src):
+        obj, depfile, _ = self.paths(src)
+        return self.cxx + self.flags + ["-MMD", "-MF", str(depfile), "-c", str(src), "-o", str(obj)]
+
+    def why_compile(self, src):
+        obj, depfile, record_file = self.paths(src)
+        if self.force:
+            return "forced"
+        try:
+            inputs = read_depfile(depfile)
+        except OSError:
+            inputs = [depfile]  # reported as gone
+        if src.name == "kernel_table.cpp":
+            inputs.append(GENERATED / "kernels.bin")  # .incbin: invisible to the depfile
+        return stale_reason(obj, record_file, self.record(src), inputs)
+
+    def record(self, src):
+        return {"command": self.command(src), "compiler": self.identity}
+
+    def compile(self, src):
+        obj, _, record_file = self.paths(src)
+        record_file.unlink(missing_ok=True)  # an interrupted compile must not look done
+        started = time.time_ns()
+        if subprocess.run(self.command(src)).returncode != 0:
+            raise CompileError(f"fattn: compiling {shown(src)} failed")
+        # Dated by the compile's start, so a header saved during the compile is newer.
+        os.utime(obj, ns=(started, started))
+        record_file.write_text(json.dumps(self.record(src)))
+
+
+def compile_flags(flags, torch_dir):
+    """Every object's compiler arguments: build_flags.txt's, then the two folders that only
+    the build knows: aot_build's output (generated code and headers) and torch's headers."""
+    return (flags["optimize"] + [f"-std=c++{''.join(flags['cxx_standard'])}"] + flags["compile_options"]
+            + [f"-D{define}" for define in flags["defines"]]
+            + [f"-I{ROOT / folder}" for folder in flags["include_dirs"]]
+            + [f"-I{GENERATED}", f"-I{torch_dir / 'include'}"])
+
+
+def link_command(cxx, flags, torch_dir, objects, out):
+    libraries = flags["torch_libraries"] + flags["system_libraries"]
+    return (cxx + ["-shared", "-o", str(out)] + [str(o) for o in objects] + flags["link_options"]
+            + [f"-L{torch_dir / 'lib'}"] + [f"-l{library}" for library in libraries])
 
 
 class BuildFattn(build_ext):
@@ -43,41 +165,49 @@ class BuildFattn(build_ext):
 
         jobs = int(os.environ.get("FATTN_BUILD_JOBS", os.cpu_count() or 1))
         aot_build(GENERATED, jobs=jobs, log=lambda m: print(m, flush=True))
-        self._compile_and_link(ext, jobs)
-
-    def _compile_and_link(self, ext, jobs):
         import torch
 
         torch_dir = Path(torch.__file__).parent
+        flags = read_build_flags()
         cxx = shlex.split(os.environ.get("CXX", "g++"))
-        flags = ["-O2", "-std=c++20", "-fPIC", "-fvisibility=hidden", "-Wall", "-Werror=missing-field-initializers",
-                 f"-I{GENERATED}",
-                 f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
-                 f"-I{torch_dir / 'include'}", f"-I{ROOT / 'csrc'}"]
+        identity = compiler_identity(cxx)
+        objects = Objects(cxx, compile_flags(flags, torch_dir), identity, self.force)
+        sources = csrc_sources()
         OBJECTS.mkdir(parents=True, exist_ok=True)
-        header_mtime = max(p.stat().st_mtime for p in [*(ROOT / "csrc").rglob("*.h"), GENERATED / "kernel_launchers.h"])
+        self._compile(objects, sources, jobs)
+        out = Path(self.get_ext_fullpath(ext.name))
+        built = [objects.paths(src)[0] for src in sources]
+        command = link_command(cxx, flags, torch_dir, built, out)
+        self._link(out, {"command": command, "compiler": identity}, built)
 
-        def compile_one(src):
-            obj = OBJECTS / (Path(src).relative_to(ROOT).as_posix().replace("/", "_") + ".o")
-            deps = [Path(src).stat().st_mtime, header_mtime]
-            if src.endswith("kernel_table.cpp"):
-                deps.append((GENERATED / "kernels.bin").stat().st_mtime)
-            if obj.exists() and obj.stat().st_mtime >= max(deps):
-                return str(obj)
-            cmd = cxx + flags + ["-c", src, "-o", str(obj)]
-            print(" ".join(cmd[:2]) + " ... " + Path(src).name, flush=True)
-            subprocess.run(cmd, check=True)
-            return str(obj)
+    def _compile(self, objects, sources, jobs):
+        stale = [(src, why) for src in sources if (why := objects.why_compile(src))]
+        if not stale:
+            print(f"fattn: all {len(sources)} objects up to date", flush=True)
+        started = iter(range(1, len(stale) + 1))
+
+        def compile_one(item):
+            src, why = item
+            print(f"fattn: [{next(started)}/{len(stale)}] {objects.cxx[0]} -c {shown(src)} ({why})", flush=True)
+            objects.compile(src)
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            objects = list(pool.map(compile_one, csrc_sources()))
-        out = Path(self.get_ext_fullpath(ext.name))
+            list(pool.map(compile_one, stale))  # list(): a failed compile raises here
+
+    def _link(self, out, record, objects):
+        # One record for whichever file was linked last: a link to a new place (an editable
+        # install's temporary folder) is a changed command line.
+        record_file = OBJECTS / "libfattn.so.json"
+        why = "forced" if self.force else stale_reason(out, record_file, record, objects)
+        if why is None:
+            print(f"fattn: {shown(out)} up to date", flush=True)
+            return
+        record_file.unlink(missing_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        # -z defs: every symbol must resolve now, against torch's C shim in libtorch_cpu.
-        link = cxx + ["-shared", "-o", str(out)] + objects + [
-            "-Wl,-z,defs", f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-ldl"]
-        subprocess.run(link, check=True)
-        print(f"fattn: linked {out}", flush=True)
+        if subprocess.run(record["command"]).returncode != 0:
+            raise LinkError(f"fattn: linking {shown(out)} failed")
+        record_file.write_text(json.dumps(record))
+        print(f"fattn: linked {shown(out)} ({why})", flush=True)
 
 
 def manylinux_tag(library: Path) -> str:

@@ -18,6 +18,7 @@ that breaks them).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 TYPES = ("*T", "*fp32", "*i32", "i32", "i64", "fp32")
@@ -72,6 +73,16 @@ def f32(name: str) -> Param:
     return Param(name, "fp32")
 
 
+def kernel_parameters(kernel) -> list[tuple[str, bool]]:
+    """(name, is_constexpr) of each parameter of a @triton.jit kernel. Under Triton's
+    interpreter (TRITON_INTERPRET=1) the kernel has no JIT parameter list: its Python
+    signature's annotations say which parameters are tl.constexpr."""
+    if hasattr(kernel, "params"):
+        return [(p.name, p.is_constexpr) for p in kernel.params]
+    return [(name, "constexpr" in str(p.annotation))
+            for name, p in inspect.signature(kernel.fn).parameters.items()]
+
+
 class KernelSpec:
     """The runtime signature of one @triton.jit kernel, checked against the kernel itself."""
 
@@ -79,24 +90,24 @@ class KernelSpec:
         self.kernel = kernel
         self.name: str = kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__
         self.params: tuple[Param, ...] = tuple(params)
-        constexprs = {p.name for p in kernel.params if p.is_constexpr}
-        runtime = [p.name for p in kernel.params if not p.is_constexpr]
+        parameters = kernel_parameters(kernel)
+        runtime = [name for name, is_constexpr in parameters if not is_constexpr]
         declared = [p.name for p in self.params]
         if declared != runtime:
             raise TypeError(f"{self.name}: the spec declares runtime parameters {declared} but the kernel "
                             f"takes {runtime}; keep the spec beside the kernel in the kernel's order")
-        self.constexprs: tuple[str, ...] = tuple(p.name for p in kernel.params if p.name in constexprs)
+        self.constexprs: tuple[str, ...] = tuple(name for name, is_constexpr in parameters if is_constexpr)
 
     def triton_signature(self, dtype: str) -> tuple[dict, dict]:
         """(signature, attrs) for triton.compile's ASTSource; constexprs are "constexpr"."""
         types = {p.name: p for p in self.params}
         signature, attrs = {}, {}
-        for index, p in enumerate(self.kernel.params):
-            param = types.get(p.name)
+        for index, (name, _) in enumerate(kernel_parameters(self.kernel)):
+            param = types.get(name)
             if param is None:
-                signature[p.name] = "constexpr"
+                signature[name] = "constexpr"
                 continue
-            signature[p.name] = param.type.replace("*T", "*" + dtype)
+            signature[name] = param.type.replace("*T", "*" + dtype)
             if param.divisible_by:
                 attrs[(index,)] = [["tt.divisibility", param.divisible_by]]
         return signature, attrs

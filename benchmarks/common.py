@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -236,6 +238,21 @@ def print_table(headers, lines, title: str | None = None) -> None:
     print(" ".join(h.rjust(w) for h, w in zip(headers, widths)))
     for c in cells:
         print(" ".join(x.rjust(w) for x, w in zip(c, widths)))
+
+
+def load_kernels(device: str) -> dict:
+    """triton_src.KERNELS, the specs through which the tune scripts launch the JIT kernels.
+    On a CPU they run in Triton's interpreter (it needs numpy < 2.3). Triton picks the
+    interpreter when a kernel is decorated, that is when triton_src is imported: hence the
+    import here, after the environment is set, and not at the top of the scripts."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from triton_src import KERNELS
+
+    return KERNELS
 
 
 def require_device(device: str, script: str) -> None:

@@ -33,7 +33,7 @@ from torch.nn.attention import SDPBackend
 
 
 def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", graph: bool = False,
-            wall: bool = False) -> float:
+            wall: bool = False, before_rep=None) -> float:
     """Median milliseconds per call.
 
     `calls` is one callable or a list of them run back to back as one timed unit; the result
@@ -44,6 +44,8 @@ def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", gra
     in a CUDA graph and times its replays (no launch overhead); wall=True times the unit with
     time.perf_counter and one synchronize at its end (what the host pays to issue the calls,
     when the GPU keeps up). On a CPU device the wall clock is the only one.
+    `before_rep`, if given, runs before each timed rep, outside the timing (bench_ring's
+    barrier, so that every rank starts a rep together).
     """
     calls = list(calls) if isinstance(calls, (list, tuple)) else [calls]
 
@@ -51,12 +53,13 @@ def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", gra
         for call in calls:
             call()
 
+    before_rep = before_rep or (lambda: None)
     if device == "cpu" or wall:
-        times = _wall_times(unit, warmup, reps, device)
+        times = _wall_times(unit, warmup, reps, device, before_rep)
     elif graph:
-        times = _graph_times(unit, warmup, reps)
+        times = _graph_times(unit, warmup, reps, before_rep)
     else:
-        times = _event_times(unit, warmup, reps)
+        times = _event_times(unit, warmup, reps, before_rep)
     return statistics.median(times) / len(calls)
 
 
@@ -65,12 +68,13 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _wall_times(unit, warmup, reps, device):
+def _wall_times(unit, warmup, reps, device, before_rep):
     for _ in range(warmup):
         unit()
     _sync(device)
     times = []
     for _ in range(reps):
+        before_rep()
         start = time.perf_counter()
         unit()
         _sync(device)
@@ -78,12 +82,13 @@ def _wall_times(unit, warmup, reps, device):
     return times
 
 
-def _event_times(unit, warmup, reps):
+def _event_times(unit, warmup, reps, before_rep):
     for _ in range(warmup):
         unit()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        before_rep()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         unit()
@@ -93,7 +98,7 @@ def _event_times(unit, warmup, reps):
     return times
 
 
-def _graph_times(unit, warmup, reps):
+def _graph_times(unit, warmup, reps, before_rep):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
@@ -106,7 +111,7 @@ def _graph_times(unit, warmup, reps):
         with torch.cuda.graph(graph):
             unit()
         graph.replay()
-        return _event_times(graph.replay, 0, reps)
+        return _event_times(graph.replay, 0, reps, before_rep)
     finally:
         torch.cuda.synchronize()
         graph.reset()  # frees the graph's private memory pool now, not at the next collection
@@ -175,12 +180,13 @@ class Results:
     def case_rows(self, case: dict) -> list[dict]:
         return [r for r in self.rows if all(r.get(k) == v for k, v in case.items())]
 
-    def compare(self, case: dict, peers) -> None:
-        """ratio_vs on each fattn row of the case (an impl named fattn*): its ms / each peer's ms."""
+    def compare(self, case: dict, peers, ours=None) -> None:
+        """ratio_vs on each of our rows of the case (`ours`, default every impl named fattn*):
+        its ms / each peer's ms."""
         rows = self.case_rows(case)
         peer_ms = {r["impl"]: r["ms"] for r in rows if r["impl"] in peers and r["ms"]}
         for r in rows:
-            if r["impl"].startswith("fattn") and r["ms"]:
+            if (r["impl"] in ours if ours else r["impl"].startswith("fattn")) and r["ms"]:
                 r["ratio_vs"] = {peer: r["ms"] / ms for peer, ms in peer_ms.items()}
 
     def write(self, path: Path | None) -> None:

@@ -121,9 +121,11 @@ def _graph_times(unit, warmup, reps, before_rep):
 
 
 def _git_commit(directory: Path) -> str | None:
+    """The checkout's commit, with "-dirty" when tracked files differ from it (the numbers then
+    belong to uncommitted code); None outside a git checkout."""
     try:
-        run = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             cwd=directory, timeout=10)
+        run = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12", "--exclude=*"],
+                             capture_output=True, text=True, cwd=directory, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return run.stdout.strip() or None
@@ -136,16 +138,22 @@ def device_info(device: str = "cuda") -> dict:
     return {"name": props.name, "sm_count": props.multi_processor_count, "capability": [props.major, props.minor]}
 
 
-def versions() -> dict:
-    import fattn
-    import triton
+def _optional_import(name: str):
+    """fattn runs without triton, and the tune scripts' JIT kernels without fattn: record what is there."""
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
 
+
+def versions() -> dict:
+    fattn, triton = _optional_import("fattn"), _optional_import("triton")
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda,
+        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "fattn": fattn.__version__, "fattn_kernels_triton": fattn.build_info()["triton_version"],
-        "fattn_commit": _git_commit(Path(fattn.__file__).resolve().parent),
+        "triton": triton and triton.__version__, "fattn": fattn and fattn.__version__,
+        "fattn_kernels_triton": fattn and fattn.build_info()["triton_version"],
+        "fattn_commit": fattn and _git_commit(Path(fattn.__file__).resolve().parent),
         "benchmarks_commit": _git_commit(Path(__file__).resolve().parent),
     }
 

@@ -2,8 +2,8 @@
 
     python benchmarks/plot.py benchmarks/results/forward_h100.json   # writes forward_h100.png
 
-Reads the results schema of benchmarks/common.py and the earlier layout of the committed
-forward/backward JSON (rows holding a "tflops" dict per case, the environment under "env").
+Reads the results schema of benchmarks/common.py, and the layout of the forward and backward
+JSON in benchmarks/results/ (rows holding a "tflops" dict per case, the environment under "env").
 A decode JSON (from bench_decode.py) is handed to plot_decode.py (GB/s against context).
 """
 

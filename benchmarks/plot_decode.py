@@ -1,6 +1,4 @@
 """Plots a decode benchmark JSON (from bench_decode.py) as GB/s of K+V read against context length.
-Reads the results schema of benchmarks/common.py and the earlier layout of the committed
-decode_h100.json (GB/s as "GBps", the run's settings under "setting" and "environment").
 
     python benchmarks/plot_decode.py benchmarks/results/decode_h100.json   # writes decode_h100.png
     python benchmarks/plot_decode.py decode.json --num-splits 0            # fattn at one num_splits
@@ -10,6 +8,9 @@ flash, SDPA cuDNN) and the device's read ceiling measured in the same run (dashe
 that failed (a backend that refused, a wrong result) are left out of their line. fattn's
 line uses num_splits 0 (automatic) when the run has it, else the best value of the sweep
 at each point; --num-splits picks one value.
+
+Reads the results schema of benchmarks/common.py, and the layout of
+benchmarks/results/decode_h100.json (GB/s as "GBps", the settings under "setting" and "environment").
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def points(rows, impl, num_splits):
 
 
 def title(data):
-    if "setting" in data:  # the earlier layout
+    if "setting" in data:  # the layout of benchmarks/results/decode_h100.json
         env, st = data.get("environment", {}), data["setting"]
         device, torch_version, splits = env.get("device", "?"), env.get("torch", "?"), st.get("num_splits", [0])
     else:

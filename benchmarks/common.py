@@ -43,9 +43,8 @@ def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", gra
     Clocks: CUDA events around the unit (the GPU's time); graph=True captures the unit once
     in a CUDA graph and times its replays (no launch overhead); wall=True times the unit with
     time.perf_counter and one synchronize at its end (what the host pays to issue the calls,
-    when the GPU keeps up). On a CPU device the wall clock is the only one.
-    `before_rep`, if given, runs before each timed rep, outside the timing (bench_ring's
-    barrier, so that every rank starts a rep together).
+    when the GPU keeps up). On a CPU device the wall clock is the only one. `before_rep` runs
+    before each timed rep, untimed (bench_ring's barrier: every rank starts a rep together).
     """
     calls = list(calls) if isinstance(calls, (list, tuple)) else [calls]
 
@@ -124,11 +123,10 @@ def _git_commit(directory: Path) -> str | None:
     """The checkout's commit, with "-dirty" when tracked files differ from it (the numbers then
     belong to uncommitted code); None outside a git checkout."""
     try:
-        run = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12", "--exclude=*"],
-                             capture_output=True, text=True, cwd=directory, timeout=10)
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12", "--exclude=*"],
+                              capture_output=True, text=True, cwd=directory, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-    return run.stdout.strip() or None
 
 
 def device_info(device: str = "cuda") -> dict:
@@ -241,9 +239,7 @@ def fmt_size(n: int) -> str:
 def print_table(headers, lines, title: str | None = None) -> None:
     """Right-aligned columns; a float cell prints with 2 decimals (give strings for others), None as '-'."""
     def cell(x):
-        if x is None:
-            return "-"
-        return f"{x:.2f}" if isinstance(x, float) else str(x)
+        return "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
 
     cells = [[cell(x) for x in line] for line in lines]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers)]
@@ -294,8 +290,7 @@ def paginate(kv, page_size):
 def decode_reference(q, kv, context):
     """float64 attention of q [b, sq, H, D] over the first `context` keys of kv [2, b, L, Hk, D]
     (no mask: every query token sees every key)."""
-    b, sq, h, d = q.shape
-    hk = kv.shape[3]
+    (b, sq, h, d), hk = q.shape, kv.shape[3]
     out = torch.empty(b, sq, h, d, dtype=torch.float64, device=q.device)
     for i in range(b):  # one sequence at a time bounds the float64 copies' memory
         k, v = kv[0, i, :context].double(), kv[1, i, :context].double()

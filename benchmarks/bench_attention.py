@@ -2,11 +2,12 @@
 
     python benchmarks/bench_attention.py --pass forward --out benchmarks/results/forward_h100.json
     python benchmarks/bench_attention.py --pass backward --out benchmarks/results/backward_h100.json
+    python benchmarks/bench_attention.py --device cpu --quick      # smoke run of every code path
 
 Every implementation runs on the same random bf16 data in its own preferred layout
 (fattn: [batch, seq, heads, dim]; SDPA/Flex: [batch, heads, seq, dim]) at hidden
 size 2048 and 16k tokens per step, so batch = 16384 / seqlen and heads = 2048 / d.
-Prints TFLOP/s and fattn's ratio to each peer; writes every number as JSON.
+Rows carry ms and TFLOP/s; fattn's rows carry ratio_vs = fattn ms / peer ms.
 The backward times only the gradient computation (autograd.grad of a kept graph)
 and counts 2.5x the forward's FLOPs, as flash-attn does.
 """
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, time_ms, write_json  # noqa: E402
+from common import Results, int_list, print_table, require_device, sdpa_peers, short_error, time_ms  # noqa: E402
 
 import fattn  # noqa: E402
 
@@ -40,12 +41,32 @@ def timed_call(fn, direction, inputs):
     leaves = [t.detach().requires_grad_() for t in inputs]
     out = fn(*leaves)
     dout = torch.randn_like(out)
-    # fattn uses (q, k, v) = leaves[:3]; peers use their [b, h, s, d] copies = leaves[3:].
-    used = [t for t in leaves if t.requires_grad]
-    return lambda: torch.autograd.grad(out, used, dout, retain_graph=True, allow_unused=True)
+    # fattn reads (q, k, v) = leaves[:3], the peers their [b, h, s, d] copies = leaves[3:]:
+    # the other three get no gradient (allow_unused).
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
 
 
-def make_impls(causal, use_flex):
+def make_flex(causal, device):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    # One compiled kernel per shape: lift dynamo's limit, or it falls back to the
+    # unfused eager path after 8 shapes and the numbers mean nothing.
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    flex = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def flex_fn(q, k, v, qt, kt, vt):
+        if not causal:
+            return flex(qt, kt, vt)
+        key = qt.shape[2]
+        if key not in masks:
+            masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, key, key, device=device)
+        return flex(qt, kt, vt, block_mask=masks[key])
+    return flex_fn
+
+
+def make_impls(causal, use_flex, device):
     def fattn_fn(q, k, v, qt, kt, vt):
         return fattn.flash_attn_func(q, k, v, causal=causal)
 
@@ -55,78 +76,75 @@ def make_impls(causal, use_flex):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         return run
 
-    impls = {"fattn": fattn_fn, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
-             "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    impls = {"fattn": fattn_fn, **{name: sdpa(b) for name, b in sdpa_peers(device).items()}}
     if use_flex:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        # One compiled kernel per shape: lift dynamo's limit, or it falls back to the
-        # unfused eager path after 8 shapes and the numbers mean nothing.
-        torch._dynamo.config.recompile_limit = 1024
-        torch._dynamo.config.accumulated_recompile_limit = 4096
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
-        flex = torch.compile(flex_attention, dynamic=False)
-        masks = {}
-
-        def flex_fn(q, k, v, qt, kt, vt):
-            if not causal:
-                return flex(qt, kt, vt)
-            key = qt.shape[2]
-            if key not in masks:
-                masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, key, key, device="cuda")
-            return flex(qt, kt, vt, block_mask=masks[key])
-        impls["flex"] = flex_fn
+        impls["flex"] = make_flex(causal, device)
     return impls
 
 
-def main(argv=None):
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pass", dest="direction", choices=["forward", "backward"], default="forward")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/<pass>.json)")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile is slow)")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, few reps, no Flex: a smoke run")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("bench_attention needs a CUDA GPU")
+    if args.quick:
+        args.seqlens, args.head_dims, args.tokens, args.hidden, args.reps = "64,128", "64", 256, 256, 3
+        args.no_flex = True
     args.out = args.out or Path(f"benchmarks/results/{args.direction}.json")
+    return args
 
-    rows = []
-    payload = {"benchmark": args.direction, "dtype": "bfloat16", "env": environment(), "rows": rows}
-    header = f"{'d':>4} {'seqlen':>6} {'b':>3} {'h':>3} {'causal':>6} | " + " ".join(
-        f"{n:>11}" for n in ["fattn", "sdpa_flash", "sdpa_cudnn", "flex"]) + " | fattn/flash fattn/cudnn fattn/flex"
-    print("TFLOP/s (median of", args.reps, "runs)")
-    print(header)
-    for d in map(int, args.head_dims.split(",")):
+
+def main(argv=None):
+    args = parse_args(argv)
+    require_device(args.device, "bench_attention")
+    results = Results.start(args.direction, args, args.device)
+    dtype = torch.bfloat16
+    for d in int_list(args.head_dims):
         for causal in (False, True):
-            impls = make_impls(causal, not args.no_flex)
-            for s in map(int, args.seqlens.split(",")):
+            impls = make_impls(causal, not args.no_flex, args.device)
+            for s in int_list(args.seqlens):
                 b, h = max(1, args.tokens // s), args.hidden // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                case = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "dtype": "bfloat16"}
+                q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=dtype) for _ in range(3))
                 qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-                result = {}
                 for name, fn in impls.items():
                     try:
                         call = timed_call(fn, args.direction, (q, k, v, qt, kt, vt))
-                        ms = time_ms(call, reps=args.reps)
-                        result[name] = flops(b, h, s, d, causal, args.direction) / ms / 1e9
+                        ms, error = time_ms(call, reps=args.reps, device=args.device), None
                         del call
-                    except Exception as e:  # a peer without a kernel for this shape
-                        print(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                        result[name] = None
-                row = {"d": d, "s": s, "b": b, "h": h, "causal": causal, "tflops": result}
-                row["ratio"] = {peer: (result["fattn"] / result[peer]) if result.get(peer) and result["fattn"] else None
-                                for peer in impls if peer != "fattn"}
-                rows.append(row)
-                cell = lambda x: f"{x:11.1f}" if x else f"{'-':>11}"
-                ratio = lambda p: f"{row['ratio'].get(p):11.2f}" if row["ratio"].get(p) else f"{'-':>11}"
-                print(f"{d:>4} {s:>6} {b:>3} {h:>3} {str(causal):>6} | " +
-                      " ".join(cell(result.get(n)) for n in ["fattn", "sdpa_flash", "sdpa_cudnn", "flex"]) +
-                      " | " + " ".join(ratio(p) for p in ["sdpa_flash", "sdpa_cudnn", "flex"]), flush=True)
-                write_json(args.out, payload)  # after every row: a cut-off run keeps what it measured
+                    except Exception as e:  # noqa: BLE001  (a peer without a kernel for this shape)
+                        ms, error = None, short_error(e)
+                        print(f"  {name} d{d} s{s} causal={causal} failed: {error[:160]}", flush=True)
+                    results.add(case, name, ms, error, flops=flops(b, h, s, d, causal, args.direction))
+                results.compare(case, peers=[n for n in impls if n != "fattn"])
+                row = results.case_rows(case)[0]
+                print(f"d{d} s{s} causal={causal}: fattn {row['tflops'] or 0:.1f} TFLOP/s", flush=True)
+                results.write(args.out)  # after every case: a cut-off run keeps what it measured
+    print_summary(results)
     print(f"wrote {args.out}")
+
+
+def print_summary(results):
+    rows = results.rows
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    peers = [i for i in impls if i != "fattn"]
+    lines = []
+    for r in (r for r in rows if r["impl"] == "fattn"):
+        case = {k: r[k] for k in ("head_dim", "seqlen", "causal")}
+        tf = {x["impl"]: x["tflops"] for x in results.case_rows(case)}
+        lines.append([r["head_dim"], r["seqlen"], r["batch"], r["heads"], str(r["causal"])]
+                     + [None if tf.get(i) is None else f"{tf[i]:.1f}" for i in impls]
+                     + [r["ratio_vs"].get(p) for p in peers])
+    print_table(["d", "seqlen", "b", "h", "causal"] + impls + [f"fattn/{p}" for p in peers], lines,
+                title=f"\n{results.benchmark}: TFLOP/s; fattn/peer = time ratio (< 1: fattn faster)")
 
 
 if __name__ == "__main__":

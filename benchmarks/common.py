@@ -1,56 +1,300 @@
-"""Timing and environment records shared by the benchmark CLIs."""
+"""What every benchmark CLI shares: the timer, the results schema, the SDPA peers, the table.
+
+Results schema (one JSON object per run, written by Results.write):
+
+    benchmark  name of the CLI's measurement ("forward", "decode", "host", ...)
+    device     {"name", "sm_count", "capability": [major, minor]} (the last two null on a CPU)
+    versions   {"python", "torch", "triton", "cuda", "cudnn", "fattn", "fattn_kernels_triton",
+                "fattn_commit", "benchmarks_commit"} (a commit is null outside a git checkout)
+    config     the CLI's parsed arguments
+    rows       flat records: the case's fields, then "impl", "ms" (per call; null when the
+               call failed), "error" (null or why), derived metrics ("tflops", "gb_s", ...)
+               and "ratio_vs": {peer: fattn ms / peer ms} on fattn's rows ({} elsewhere).
+               ratio_vs is a time ratio: below 1 fattn is faster.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import platform
 import statistics
 import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend
+
+# ----------------------------------------------------------------------------- timer
 
 
-def time_ms(fn, warmup=5, reps=30):
-    """Median milliseconds of `fn()` over `reps` runs, timed with CUDA events after warm-up."""
+def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", graph: bool = False,
+            wall: bool = False, before_rep=None) -> float:
+    """Median milliseconds per call.
+
+    `calls` is one callable or a list of them run back to back as one timed unit; the result
+    is the median unit time / len(calls). A list that rotates over copies of the data keeps
+    a call from finding its inputs in L2.
+
+    Clocks: CUDA events around the unit (the GPU's time); graph=True captures the unit once
+    in a CUDA graph and times its replays (no launch overhead); wall=True times the unit with
+    time.perf_counter and one synchronize at its end (what the host pays to issue the calls,
+    when the GPU keeps up). On a CPU device the wall clock is the only one. `before_rep` runs
+    before each timed rep, untimed (bench_ring's barrier: every rank starts a rep together).
+    """
+    calls = list(calls) if isinstance(calls, (list, tuple)) else [calls]
+
+    def unit():
+        for call in calls:
+            call()
+
+    before_rep = before_rep or (lambda: None)
+    if device == "cpu" or wall:
+        times = _wall_times(unit, warmup, reps, device, before_rep)
+    elif graph:
+        times = _graph_times(unit, warmup, reps, before_rep)
+    else:
+        times = _event_times(unit, warmup, reps, before_rep)
+    return statistics.median(times) / len(calls)
+
+
+def _sync(device):
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def _wall_times(unit, warmup, reps, device, before_rep):
     for _ in range(warmup):
-        fn()
+        unit()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        before_rep()
+        start = time.perf_counter()
+        unit()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _event_times(unit, warmup, reps, before_rep):
+    for _ in range(warmup):
+        unit()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        before_rep()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        unit()
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return times
 
 
-def environment() -> dict:
-    import fattn
-
-    info = fattn.build_info()
+def _graph_times(unit, warmup, reps, before_rep):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+        for _ in range(warmup):
+            unit()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
-    env = {
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "cc": list(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-        "fattn_kernels_triton": info["triton_version"], "fattn_commit": commit,
-        "python": platform.python_version(),
-    }
+        with torch.cuda.graph(graph):
+            unit()
+        graph.replay()
+        return _event_times(graph.replay, 0, reps, before_rep)
+    finally:
+        torch.cuda.synchronize()
+        graph.reset()  # frees the graph's private memory pool now, not at the next collection
+
+
+# ----------------------------------------------------------------------------- results schema
+
+
+def _git_commit(directory: Path) -> str | None:
+    """The checkout's commit, with "-dirty" when tracked files differ from it (the numbers then
+    belong to uncommitted code); None outside a git checkout."""
     try:
-        import triton
-        env["triton"] = triton.__version__
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12", "--exclude=*"],
+                              capture_output=True, text=True, cwd=directory, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_info(device: str = "cuda") -> dict:
+    if device == "cpu":
+        return {"name": platform.processor() or platform.machine() or "cpu", "sm_count": None, "capability": None}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"name": props.name, "sm_count": props.multi_processor_count, "capability": [props.major, props.minor]}
+
+
+def _optional_import(name: str):
+    """fattn runs without triton, and the tune scripts' JIT kernels without fattn: record what is there."""
+    try:
+        return __import__(name)
     except ImportError:
-        pass
-    return env
+        return None
 
 
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1))
+def versions() -> dict:
+    fattn, triton = _optional_import("fattn"), _optional_import("triton")
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": triton and triton.__version__, "fattn": fattn and fattn.__version__,
+        "fattn_kernels_triton": fattn and fattn.build_info()["triton_version"],
+        "fattn_commit": fattn and _git_commit(Path(fattn.__file__).resolve().parent),
+        "benchmarks_commit": _git_commit(Path(__file__).resolve().parent),
+    }
+
+
+@dataclass
+class Results:
+    """One run's results in the schema above; `write` after every case keeps a cut-off run's rows."""
+
+    benchmark: str
+    device: dict
+    versions: dict
+    config: dict
+    rows: list = field(default_factory=list)
+
+    @classmethod
+    def start(cls, benchmark: str, args, device: str = "cuda") -> "Results":
+        config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+        return cls(benchmark, device_info(device), versions(), config)
+
+    def add(self, case: dict, impl: str, ms: float | None, error: str | None = None, *,
+            flops: float | None = None, nbytes: float | None = None, **metrics) -> dict:
+        """Appends a row; flops / nbytes per call give the derived tflops / gb_s."""
+        row = {**case, "impl": impl, "ms": ms, "error": error}
+        if flops is not None:
+            row["tflops"] = flops / ms / 1e9 if ms else None
+        if nbytes is not None:
+            row["gb_s"] = nbytes / ms / 1e6 if ms else None
+        row.update(metrics, ratio_vs={})
+        self.rows.append(row)
+        return row
+
+    def case_rows(self, case: dict) -> list[dict]:
+        return [r for r in self.rows if all(r.get(k) == v for k, v in case.items())]
+
+    def compare(self, case: dict, peers, ours=None) -> None:
+        """ratio_vs on each of our rows of the case (`ours`, default every impl named fattn*):
+        its ms / each peer's ms."""
+        rows = self.case_rows(case)
+        peer_ms = {r["impl"]: r["ms"] for r in rows if r["impl"] in peers and r["ms"]}
+        for r in rows:
+            if (r["impl"] in ours if ours else r["impl"].startswith("fattn")) and r["ms"]:
+                r["ratio_vs"] = {peer: r["ms"] / ms for peer, ms in peer_ms.items()}
+
+    def write(self, path: Path | None) -> None:
+        if path is None:
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1, default=str))
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def sdpa_peers(device: str) -> dict:
+    """The SDPA backends timed beside fattn. A CPU has neither flash nor cuDNN: smoke runs
+    there time the math backend, so that every code path still runs."""
+    if device == "cpu":
+        return {"sdpa_math": SDPBackend.MATH}
+    return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def short_error(e: BaseException, limit: int = 500) -> str:
+    return f"{type(e).__name__}: {e}".replace("\n", " ")[:limit]
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_size(text: str) -> int:
+    """'4k' -> 4096, '1m' -> 1048576, '1000' -> 1000."""
+    t = text.strip().lower()
+    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:], 1)
+    value = int(t[:-1] if mult > 1 else t) * mult
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def fmt_size(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def print_table(headers, lines, title: str | None = None) -> None:
+    """Right-aligned columns; a float cell prints with 2 decimals (give strings for others), None as '-'."""
+    def cell(x):
+        return "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
+
+    cells = [[cell(x) for x in line] for line in lines]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers)]
+    if title:
+        print(title)
+    print(" ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    for c in cells:
+        print(" ".join(x.rjust(w) for x, w in zip(c, widths)))
+
+
+def load_kernels(device: str) -> dict:
+    """triton_src.KERNELS, the specs through which the tune scripts launch the JIT kernels.
+    On a CPU they run in Triton's interpreter (it needs numpy < 2.3). Triton picks the
+    interpreter when a kernel is decorated, that is when triton_src is imported: hence the
+    import here, after the environment is set, and not at the top of the scripts."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from triton_src import KERNELS
+
+    return KERNELS
+
+
+def require_device(device: str, script: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{script} needs a CUDA GPU here (for a CPU smoke run: --device cpu --quick)")
+
+
+# ----------------------------------------------------------------------------- decode data (bench_decode, tune_decode)
+
+
+def paginate(kv, page_size):
+    """kv [2, b, L, hk, d] -> (pool [2, b * pages, page_size, hk, d], block_table int32 [b, pages]),
+    pages in shuffled physical order: key j of sequence i is pool[:, table[i, j // page_size], j % page_size]."""
+    _, b, length, hk, d = kv.shape
+    pages = -(-length // page_size)
+    src = kv.new_zeros(2, b, pages * page_size, hk, d) if pages * page_size != length else kv
+    if src is not kv:
+        src[:, :, :length] = kv
+    perm = torch.randperm(b * pages, device=kv.device)
+    pool = torch.empty_like(src).view(2, b * pages, page_size, hk, d)
+    pool.index_copy_(1, perm, src.reshape(2, b * pages, page_size, hk, d))  # pool[:, perm[i]] = page i
+    return pool, perm.view(b, pages).to(torch.int32)
+
+
+def decode_reference(q, kv, context):
+    """float64 attention of q [b, sq, H, D] over the first `context` keys of kv [2, b, L, Hk, D]
+    (no mask: every query token sees every key)."""
+    (b, sq, h, d), hk = q.shape, kv.shape[3]
+    out = torch.empty(b, sq, h, d, dtype=torch.float64, device=q.device)
+    for i in range(b):  # one sequence at a time bounds the float64 copies' memory
+        k, v = kv[0, i, :context].double(), kv[1, i, :context].double()
+        qq = q[i].double().reshape(sq, hk, h // hk, d)  # query head h reads kv head h // group
+        s = torch.einsum("qhgd,lhd->qhgl", qq, k) / math.sqrt(d)
+        out[i] = torch.einsum("qhgl,lhd->qhgd", torch.softmax(s, dim=-1), v).reshape(sq, h, d)
+    return out

@@ -8,6 +8,9 @@ flash, SDPA cuDNN) and the device's read ceiling measured in the same run (dashe
 that failed (a backend that refused, a wrong result) are left out of their line. fattn's
 line uses num_splits 0 (automatic) when the run has it, else the best value of the sweep
 at each point; --num-splits picks one value.
+
+Reads the results schema of benchmarks/common.py, and the layout of
+benchmarks/results/decode_h100.json (GB/s as "GBps", the settings under "setting" and "environment").
 """
 
 from __future__ import annotations
@@ -15,11 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 LINES = [  # impl, label, style
     ("fattn", "fattn (contiguous)", {"linewidth": 2.5, "marker": "o"}),
@@ -34,29 +32,52 @@ def fmt_ctx(n):
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
+def gb_s(row):
+    return row.get("gb_s", row.get("GBps"))
+
+
 def points(rows, impl, num_splits):
     """(context, GB/s) of one implementation; fattn rows filtered or maximised over num_splits."""
     by_ctx = {}
     for r in rows:
-        if r.get("impl") != impl or not r.get("GBps"):
+        if r.get("impl") != impl or not gb_s(r):
             continue
         if impl.startswith("fattn") and num_splits is not None and r.get("num_splits") != num_splits:
             continue
-        if r["context"] not in by_ctx or r["GBps"] > by_ctx[r["context"]]:
-            by_ctx[r["context"]] = r["GBps"]
+        if r["context"] not in by_ctx or gb_s(r) > by_ctx[r["context"]]:
+            by_ctx[r["context"]] = gb_s(r)
     return sorted(by_ctx.items())
+
+
+def title(data):
+    if "setting" in data:  # the layout of benchmarks/results/decode_h100.json
+        env, st = data.get("environment", {}), data["setting"]
+        device, torch_version, splits = env.get("device", "?"), env.get("torch", "?"), st.get("num_splits", [0])
+    else:
+        st = data["config"]
+        device, torch_version, splits = data["device"]["name"], data["versions"]["torch"], st.get("splits", [0])
+    row = data["rows"][0] if data["rows"] else {}
+    heads, kv_heads, d = (row.get(k, st.get(k, "?")) for k in ("heads", "kv_heads", "head_dim"))
+    text = (f"decode, {device}, torch {torch_version}, bf16, {heads} q / {kv_heads} kv heads, d{d}, "
+            f"page {st.get('page_size', '?')}, {'CUDA graphs' if st.get('graph', True) else 'eager'}")
+    return text, splits
 
 
 def plot(path, num_splits=None, out=None):
     path = Path(path)
     data = json.loads(path.read_text())
     rows = [r for r in data["rows"] if r.get("batch") is not None]
-    splits = data.get("setting", {}).get("num_splits", [0])
+    suptitle, splits = title(data)
     if num_splits is None and 0 in splits:
         num_splits = 0
     batches = sorted({r["batch"] for r in rows})
     if not batches:
         raise SystemExit(f"{path}: no rows to plot")
+    import matplotlib  # here, so that --help works without it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(batches), figsize=(4.6 * len(batches), 3.8), squeeze=False)
     axes = axes[0]
     for ax, b in zip(axes, batches):
@@ -84,12 +105,7 @@ def plot(path, num_splits=None, out=None):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("GB/s of K+V read")
     axes[0].legend(fontsize=8)
-    env = data.get("environment", {})
-    st = data.get("setting", {})
-    fig.suptitle(f"decode, {env.get('device', '?')}, torch {env.get('torch', '?')}, {st.get('dtype', 'bf16')}, "
-                 f"{st.get('heads', 32)} q / {st.get('kv_heads', 8)} kv heads, d{st.get('head_dim', 128)}, "
-                 f"page {st.get('page_size', '?')}, {'CUDA graphs' if st.get('graph', True) else 'eager'}",
-                 fontsize=9)
+    fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()
     out = Path(out) if out else path.with_suffix(".png")
     fig.savefig(out, dpi=110)

@@ -1,26 +1,24 @@
 """Tile-config search for the backward kernels (dK/dV and dQ), with Triton's JIT on the GPU.
 
-    python benchmarks/tune_backward.py --head-dims 64,128
+    python benchmarks/tune_backward.py --head-dims 64,128 --out tune_backward.json
+    python benchmarks/tune_backward.py --device cpu --quick    # Triton's interpreter, tiny shapes
 
-Like tune_forward.py: an offline step to choose aot_build/configs.json. Each
-candidate is checked against float32 autograd gradients before it is timed.
+Like tune_forward.py: an offline step to choose aot_build/configs.json. The kernels are
+launched through their specs (triton_src/spec.py); each candidate is checked against
+float32 autograd gradients before it is timed. On a CPU the inputs are float32.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import time_ms  # noqa: E402
-from triton_src.backward import attn_bwd_dkdv, attn_bwd_dq  # noqa: E402
+from common import Results, int_list, load_kernels, print_table, require_device, short_error, time_ms  # noqa: E402
 
 DKDV = [(32, 128, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
         (64, 128, 4, 2), (32, 128, 8, 3)]
@@ -29,90 +27,120 @@ DQ = [(128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 1
 LOG2E = 1.4426950408889634
 
 
-def problem(b, s, h, d, causal):
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    scale = 1 / math.sqrt(d)
+def problem(b, s, h, d, causal, device, dtype):
+    """Inputs of both kernels and the float32 autograd gradients (dq, dk, dv) they must give."""
+    q, k, v = (torch.randn(b, s, h, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
-    scores = qf @ kf.transpose(-1, -2) * scale
+    scores = qf @ kf.transpose(-1, -2) / math.sqrt(d)
     if causal:
-        scores = scores.masked_fill(torch.ones(s, s, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(s, s, device=device, dtype=torch.bool).triu(1), float("-inf"))
     lse = torch.logsumexp(scores, -1)
     out = (torch.softmax(scores, -1) @ vf).transpose(1, 2)
     dout = torch.randn_like(out)
     want = torch.autograd.grad(out, (q, k, v), dout)
-    out, dout = out.detach().to(torch.bfloat16), dout.to(torch.bfloat16)
+    out, dout = out.detach().to(dtype), dout.to(dtype)
     delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
-    return q.detach(), k.detach(), v.detach(), dout, lse.detach().contiguous(), delta, want, scale
+    inputs = {"Q": q.detach(), "K": k.detach(), "V": v.detach(), "DO": dout, "Lse": lse.detach().contiguous(),
+              "Delta": delta}
+    return inputs, want
 
 
-def run_dkdv(p, causal, cfg):
-    q, k, v, do, lse, delta, _, scale = p
-    bm, bn, w, st = cfg
+def backward_args(inputs, grads, causal):
+    """Runtime arguments of ATTN_BWD_DKDV (grads DK, DV) or ATTN_BWD_DQ (grads DQ), by name."""
+    from triton_src.spec import tensor_strides  # after load_kernels: the JIT or the interpreter
+
+    q, k = inputs["Q"], inputs["K"]
     b, s, h, d = q.shape
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    attn_bwd_dkdv[(triton_cdiv(s, bn), h, b)](
-        q, k, v, do, lse, delta, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-        *dk.stride()[:3], *dv.stride()[:3], s, s, h, 1, d, scale * LOG2E, scale,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, CAUSAL=causal, PAD_D=False, num_warps=w, num_stages=st)
-    return dk, dv
+    scale = 1 / math.sqrt(d)
+    tensors = {**inputs, **grads}
+    strides = {}
+    for name, tag in (("Q", "q"), ("K", "k"), ("V", "v"), ("DO", "do"), ("DK", "dk"), ("DV", "dv"), ("DQ", "dq")):
+        if name in tensors:
+            strides.update(tensor_strides(tag, tensors[name]))
+    return {**tensors, **strides, "seqlen_q": s, "seqlen_k": k.shape[1], "num_heads": h,
+            "kv_group_size": h // k.shape[2], "head_dim": d, "qk_scale": scale * LOG2E, "softmax_scale": scale,
+            "BLOCK_D": d, "CAUSAL": causal, "PAD_D": False}
 
 
-def run_dq(p, causal, cfg):
-    q, k, v, do, lse, delta, _, scale = p
-    bm, bn, w, st = cfg
-    b, s, h, d = q.shape
-    dq = torch.empty_like(q)
-    attn_bwd_dq[(triton_cdiv(s, bm), h, b)](
-        q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-        *dq.stride()[:3], s, s, h, 1, d, scale * LOG2E, scale,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, CAUSAL=causal, PAD_D=False, num_warps=w, num_stages=st)
-    return dq
-
-
-def triton_cdiv(a, b):
-    return (a + b - 1) // b
+def run(spec, inputs, causal, cfg):
+    """The kernel's gradients: (dk, dv) for attn_bwd_dkdv, (dq,) for attn_bwd_dq."""
+    bm, bn, warps, stages = cfg
+    q, k = inputs["Q"], inputs["K"]
+    b, s, h, _ = q.shape
+    if spec.name == "attn_bwd_dkdv":
+        grads = {"DK": torch.empty_like(k), "DV": torch.empty_like(inputs["V"])}
+        grid = (-(-k.shape[1] // bn), k.shape[2], b)
+    else:
+        grads = {"DQ": torch.empty_like(q)}
+        grid = (-(-s // bm), h, b)
+    spec.launch(grid, num_warps=warps, num_stages=stages, BLOCK_M=bm, BLOCK_N=bn,
+                **backward_args(inputs, grads, causal))
+    return tuple(grads.values())
 
 
 def rel_err(got, want):
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def tune_kernel(spec, candidates, results, args, case, inputs, want):
+    # attn_bwd_dkdv gives (dk, dv), attn_bwd_dq gives (dq,): compare with the matching gradients.
+    expected = want[1:] if spec.name == "attn_bwd_dkdv" else want[:1]
+    for cfg in candidates:
+        ms = None
+        try:
+            err = max(rel_err(g, w) for g, w in zip(run(spec, inputs, case["causal"], cfg), expected))
+            error = None if err < 2e-2 else f"WRONG (rel err {err:.3e})"
+            if error is None:
+                ms = time_ms(lambda: run(spec, inputs, case["causal"], cfg), warmup=3, reps=args.reps,
+                             device=args.device)
+        except Exception as e:  # noqa: BLE001  (a config that does not fit or compile)
+            error = short_error(e, 300)
+        if error:
+            print(f"{spec.name} d{case['head_dim']} causal={case['causal']} {cfg}: {error}", flush=True)
+        results.add(case, spec.name, ms, error, block_m=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlen", type=int, default=4096)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    results = []
-    for d in map(int, args.head_dims.split(",")):
+    parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
+    parser.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, two candidates each: a smoke run")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (results schema of common.py)")
+    args = parser.parse_args(argv)
+    args.dkdv, args.dq = (DKDV[:2], DQ[:2]) if args.quick else (DKDV, DQ)
+    if args.quick:
+        args.head_dims, args.seqlen, args.tokens, args.hidden, args.reps = "16", 128, 128, 32, 2
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    require_device(args.device, "tune_backward")
+    kernels = load_kernels(args.device)
+    results = Results.start("tune_backward", args, args.device)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    s = args.seqlen
+    for d in int_list(args.head_dims):
         for causal in (False, True):
-            s = args.seqlen
-            b, h = 16384 // s, 2048 // d
-            p = problem(b, s, h, d, causal)
-            fl = 4 * b * h * s * s * d / (2 if causal else 1)
-            for name, runner, cands, check in (
-                ("dkdv", run_dkdv, DKDV, lambda r: max(rel_err(r[0], p[6][1]), rel_err(r[1], p[6][2]))),
-                ("dq", run_dq, DQ, lambda r: rel_err(r, p[6][0])),
-            ):
-                scores = []
-                for cfg in cands:
-                    try:
-                        err = check(runner(p, causal, cfg))
-                        if not err < 2e-2:
-                            print(f"{name} d{d} causal={causal} {cfg}: WRONG rel err {err:.3e}", flush=True)
-                            continue
-                        ms = time_ms(lambda: runner(p, causal, cfg), warmup=3, reps=10)
-                        scores.append((ms, cfg))
-                    except Exception as e:
-                        print(f"{name} d{d} causal={causal} {cfg}: {type(e).__name__} {str(e)[:80]}", flush=True)
-                scores.sort()
-                for ms, cfg in scores[:3]:
-                    print(f"{name} d{d} causal={causal} s{s} BM,BN,w,st={cfg}: {ms:.3f} ms", flush=True)
-                results.append({"kernel": name, "d": d, "causal": causal, "seqlen": s,
-                                "ranked": [[list(c), ms] for ms, c in scores]})
-            del p
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+            b, h = max(1, args.tokens // s), args.hidden // d
+            inputs, want = problem(b, s, h, d, causal, args.device, dtype)
+            case = {"head_dim": d, "causal": causal, "seqlen": s, "batch": b, "heads": h}
+            tune_kernel(kernels["attn_bwd_dkdv"], args.dkdv, results, args, case, inputs, want)
+            tune_kernel(kernels["attn_bwd_dq"], args.dq, results, args, case, inputs, want)
+            results.write(args.out)
+            del inputs, want
+    lines = []
+    for (kernel, d, causal) in dict.fromkeys((r["impl"], r["head_dim"], r["causal"]) for r in results.rows):
+        ranked = sorted((r for r in results.rows if (r["impl"], r["head_dim"], r["causal"]) == (kernel, d, causal)
+                         and r["ms"]), key=lambda r: r["ms"])
+        lines += [[kernel, d, str(causal), r["block_m"], r["block_n"], r["num_warps"], r["num_stages"],
+                   f"{r['ms']:.3f}"] for r in ranked[:3]]
+    print_table(["kernel", "d", "causal", "BM", "BN", "warps", "stages", "ms"], lines,
+                title=f"\nfastest backward configs at seqlen {s} (top 3 per kernel, head dim and mask)")
 
 
 if __name__ == "__main__":

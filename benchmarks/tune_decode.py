@@ -1,141 +1,147 @@
 """Tile-config and split-count search for the decode kernel, with Triton's JIT on the GPU machine.
 
     python benchmarks/tune_decode.py --out decode_tune.json
+    python benchmarks/tune_decode.py --device cpu --quick      # Triton's interpreter, tiny shapes
 
 Times candidate (BLOCK_N, num_warps, num_stages) x num_splits of triton_src's
-attn_decode_split (+ attn_decode_merge) on the decode benchmark's shapes (bf16, GQA
-32/8, d128, one query token), contiguous and paged, each call inside a CUDA graph
-(launch overhead would otherwise hide the kernel), rotating over enough cache copies
-to defeat L2. Reports GB/s of K+V read and checks every config against SDPA.
+attn_decode_split (+ attn_decode_merge), launched through their specs, on the decode
+benchmark's shapes (GQA 32/8, d128, one query token), contiguous and paged. Each call
+list is replayed as a CUDA graph (launch overhead would otherwise hide the kernel),
+rotating over enough cache copies to defeat L2. Every config is checked against a
+float64 reference. On a CPU the inputs are float32 and the timing is wall clock.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from triton_src.decode import attn_decode_merge, attn_decode_split  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (Results, decode_reference, int_list, load_kernels, paginate, print_table,  # noqa: E402
+                    require_device, short_error, time_ms)
 
 CONFIGS = [(64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3)]
 SPLITS = [8, 12, 16, 24, 32, 48]
 HQ, HK, D = 32, 8, 128
+BLOCK_M, BLOCK_S = 16, 16  # the row tile and the merge's chunk, as aot_build/configs.json ships them
+LOG2E = 1.4426950408889634
 
 
-def decode(q, kc, vc, seqlens, table, page_size, capacity, splits, cfg):
-    bn, warps, stages = cfg
-    b = q.shape[0]
-    out = torch.empty_like(q)
-    lse = torch.empty(b, HQ, 1, device=q.device, dtype=torch.float32)
-    po = torch.empty(splits, b, 1, HQ, D, device=q.device, dtype=torch.float32)
-    pl = torch.empty(splits, b, HQ, 1, device=q.device, dtype=torch.float32)
+def split_args(q, k_cache, v_cache, seqlens, table, parts, out, lse, capacity, page_size, splits):
+    """ATTN_DECODE_SPLIT's runtime arguments and its tile-independent constexprs, by name."""
+    from triton_src.spec import tensor_strides  # after load_kernels: the JIT or the interpreter
+
+    b, sq, h, d = q.shape
     paged = table is not None
-    attn_decode_split[(splits, HK, b)](
-        q, kc, vc, seqlens, table if paged else seqlens, po, pl, out, lse,
-        *q.stride()[:3], *kc.stride()[:3], *vc.stride()[:3], table.stride(0) if paged else 0,
-        1, HQ, HQ // HK, D, 0, capacity, page_size, splits, -1, -1, 1 / math.sqrt(D) * 1.4426950408889634, 0.0,
-        BLOCK_M=16, BLOCK_N=bn, BLOCK_D=D, PAGED=paged, PAD_D=False, num_warps=warps, num_stages=stages)
+    return {"Q": q, "KCache": k_cache, "VCache": v_cache, "CacheSeqlens": seqlens,
+            "BlockTable": table if paged else seqlens,  # any int32 tensor: not read unless PAGED
+            "PartOut": parts[0], "PartLse": parts[1], "Out": out, "Lse": lse,
+            **tensor_strides("q", q), **tensor_strides("k", k_cache), **tensor_strides("v", v_cache),
+            **(tensor_strides("t", table, "b") if paged else {"stride_tb": 0}),
+            "seqlen_q": sq, "num_heads": h, "kv_group_size": h // k_cache.shape[2], "head_dim": d, "seqlen_new": 0,
+            "capacity": capacity, "page_size": page_size, "num_splits": splits, "window_left": -1,
+            "window_right": -1, "qk_scale": LOG2E / math.sqrt(d), "softcap_log2": 0.0,
+            "BLOCK_M": BLOCK_M, "BLOCK_D": d, "PAGED": paged, "PAD_D": False}
+
+
+def decode(kernels, q, k_cache, v_cache, seqlens, table, splits, cfg):
+    """One decode step as the library's op launches it: split-K, then the merge of the splits."""
+    block_n, warps, stages = cfg
+    b, sq, h, d = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, sq, device=q.device, dtype=torch.float32)
+    parts = (torch.empty(splits, b, sq, h, d, device=q.device, dtype=torch.float32),
+             torch.empty(splits, b, h, sq, device=q.device, dtype=torch.float32))
+    page_size = k_cache.shape[1]
+    capacity = table.shape[1] * page_size if table is not None else page_size
+    row_tiles = -(-sq * (h // k_cache.shape[2]) // BLOCK_M)
+    kernels["attn_decode_split"].launch(
+        (splits, k_cache.shape[2] * row_tiles, b), num_warps=warps, num_stages=stages, BLOCK_N=block_n,
+        **split_args(q, k_cache, v_cache, seqlens, table, parts, out, lse, capacity, page_size, splits))
     if splits > 1:
-        attn_decode_merge[(1, HQ, b)](po, pl, out, lse, b * HQ, splits, 1, HQ, D, BLOCK_S=16, BLOCK_D=D, PAD_D=False,
-                                      num_warps=4, num_stages=1)
+        kernels["attn_decode_merge"].launch(
+            (sq, h, b), num_warps=4, num_stages=1, PartOut=parts[0], PartLse=parts[1], Out=out, Lse=lse,
+            num_rows=b * sq * h, num_splits=splits, seqlen_q=sq, num_heads=h, head_dim=d,
+            BLOCK_S=BLOCK_S, BLOCK_D=d, PAD_D=False)
     return out
 
 
-def graph_us(fns, reps=20):
-    """Microseconds per call of the fns (one per cache copy) captured back to back in a graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000 / len(fns))
-    return sorted(times)[len(times) // 2]
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default="1x8192,1x131072,8x65536")
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="1x8192,1x131072,8x65536", help="batch x context, comma separated")
     parser.add_argument("--page-size", type=int, default=256)
     parser.add_argument("--configs", default=None, help="BLOCK_N:warps:stages,... (default: CONFIGS)")
     parser.add_argument("--splits", default=None, help="comma list (default: SPLITS)")
     parser.add_argument("--copies", type=int, default=0, help="cache copies to rotate (0: enough to defeat L2)")
     parser.add_argument("--contiguous-only", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    configs = CONFIGS if not args.configs else [tuple(map(int, c.split(":"))) for c in args.configs.split(",")]
-    split_list = SPLITS if not args.splits else [int(x) for x in args.splits.split(",")]
-    results = []
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--quick", action="store_true", help="one tiny case, one config: a smoke run")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (results schema of common.py)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.cases, args.page_size, args.configs, args.splits, args.copies, args.reps = \
+            "1x64", 16, "16:4:1", "1,3", 2, 2
+    args.config_list = CONFIGS if not args.configs else [tuple(map(int, c.split(":"))) for c in args.configs.split(",")]
+    args.split_list = int_list(args.splits) if args.splits else SPLITS
+    return args
+
+
+def tune_case(kernels, results, args, b, ctx):
+    nbytes = 2 * b * ctx * HK * D * 2
+    copies = args.copies or max(1, min(8, (512 << 20) // nbytes))
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    kvs = [torch.randn(2, b, ctx, HK, D, device=args.device, dtype=dtype) for _ in range(copies)]
+    pools = [paginate(kv, args.page_size) for kv in kvs]
+    q = torch.randn(b, 1, HQ, D, device=args.device, dtype=dtype)
+    seqlens = torch.full((b,), ctx, dtype=torch.int32, device=args.device)
+    want = decode_reference(q, kvs[0], ctx)
+    for paged in (False,) if args.contiguous_only else (False, True):
+        case = {"batch": b, "context": ctx, "heads": HQ, "kv_heads": HK, "head_dim": D, "paged": paged}
+        for cfg in args.config_list:
+            for splits in args.split_list:
+                def call(i, cfg=cfg, splits=splits, paged=paged):
+                    if paged:
+                        return decode(kernels, q, *pools[i][0], seqlens, pools[i][1], splits, cfg)
+                    return decode(kernels, q, *kvs[i], seqlens, None, splits, cfg)
+                ms = None
+                try:
+                    err = (call(0).double() - want).abs().max().item()
+                    error = None if err < 2e-2 else f"WRONG (max err {err:.3e})"
+                    if error is None:
+                        ms = time_ms([lambda i=i: call(i) for i in range(copies)], warmup=1, reps=args.reps,
+                                     device=args.device, graph=args.device == "cuda")
+                except Exception as e:  # noqa: BLE001  (a config that does not fit or compile)
+                    error = short_error(e, 300)
+                if error:
+                    print(f"b{b} ctx{ctx} paged={paged} {cfg} splits={splits}: {error}", flush=True)
+                results.add(case, "attn_decode_split", ms, error, nbytes=nbytes, block_n=cfg[0], num_warps=cfg[1],
+                            num_stages=cfg[2], num_splits=splits)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    require_device(args.device, "tune_decode")
+    kernels = load_kernels(args.device)
+    results = Results.start("tune_decode", args, args.device)
     for case in args.cases.split(","):
         b, ctx = map(int, case.split("x"))
-        nbytes = 2 * b * ctx * HK * D * 2
-        copies = args.copies or max(1, min(8, (512 << 20) // nbytes))
-        caches = []
-        for _ in range(copies):
-            kc = torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            pages = b * ctx // args.page_size
-            perm = torch.randperm(pages, device="cuda")
-            table = perm.view(b, ctx // args.page_size).to(torch.int32)
-            kp = torch.empty(pages, args.page_size, HK, D, device="cuda", dtype=torch.bfloat16)
-            vp = torch.empty_like(kp)
-            kp[perm] = kc.reshape(pages, args.page_size, HK, D)
-            vp[perm] = vc.reshape(pages, args.page_size, HK, D)
-            caches.append((kc, vc, kp, vp, table))
-        q = torch.randn(b, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
-        kc, vc = caches[0][0], caches[0][1]
-        want = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
-                                              enable_gqa=True).transpose(1, 2).float()
-        for paged in (False,) if args.contiguous_only else (False, True):
-            for cfg in configs:
-                for splits in split_list:
-                    def call(c, cfg=cfg, splits=splits, paged=paged):
-                        if paged:
-                            return decode(q, c[2], c[3], seqlens, c[4], args.page_size, ctx, splits, cfg)
-                        return decode(q, c[0], c[1], seqlens, None, ctx, ctx, splits, cfg)
-                    try:
-                        err = (call(caches[0]).float() - want).abs().max().item()
-                        if not err < 2e-2:
-                            print(f"{case} paged={paged} {cfg} splits={splits}: WRONG ({err:.3e})", flush=True)
-                            continue
-                        us = graph_us([lambda c=c: call(c) for c in caches])
-                    except Exception as e:  # a config that does not fit or compile
-                        print(f"{case} paged={paged} {cfg} splits={splits}: {type(e).__name__} {str(e)[:120]}",
-                              flush=True)
-                        continue
-                    results.append({"batch": b, "context": ctx, "paged": paged, "block_n": cfg[0], "warps": cfg[1],
-                                    "stages": cfg[2], "splits": splits, "us": us, "GBps": nbytes / us / 1e3})
-            best = sorted((r for r in results if r["context"] == ctx and r["batch"] == b and r["paged"] == paged),
-                          key=lambda r: r["us"])[:5]
-            for r in best:
-                print(f"{case} paged={paged} BN={r['block_n']} w{r['warps']} s{r['stages']} splits={r['splits']}: "
-                      f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", flush=True)
-        del caches
-        torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                        "results": results}, indent=1))
+        tune_case(kernels, results, args, b, ctx)
+        results.write(args.out)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    lines = []
+    for key in dict.fromkeys((r["batch"], r["context"], r["paged"]) for r in results.rows):
+        ranked = sorted((r for r in results.rows if (r["batch"], r["context"], r["paged"]) == key and r["ms"]),
+                        key=lambda r: r["ms"])
+        lines += [[*key[:2], str(key[2]), r["block_n"], r["num_warps"], r["num_stages"], r["num_splits"],
+                   f"{r['ms'] * 1e3:.1f}", f"{r['gb_s']:.0f}"] for r in ranked[:5]]
+    print_table(["batch", "context", "paged", "BN", "warps", "stages", "splits", "us", "GB/s"], lines,
+                title="\nfastest decode configs (top 5 per case)")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
 """Tile-config search for the forward kernel, run with Triton's JIT on the GPU machine.
 
-    python benchmarks/tune_forward.py --head-dims 64,128
+    python benchmarks/tune_forward.py --head-dims 64,128 --out tune_forward.json
+    python benchmarks/tune_forward.py --device cpu --quick     # Triton's interpreter, tiny shapes
 
 The shipped library is compiled ahead of time, so choosing its configs
 (aot_build/configs.json) is an offline step: this script times candidate
 (BLOCK_M, BLOCK_N, num_warps, num_stages) on the benchmark's shapes through the
-same triton_src kernel, checks each against a bf16 SDPA result (warp-specialised
-and pipelined configs can be wrong), and prints the best per head dim and mask.
+same triton_src kernel, launched through its spec (triton_src/spec.py), checks each
+against SDPA (warp-specialised and pipelined configs can be wrong), and prints the
+best per head dim and mask. On a CPU the inputs are float32 (the interpreter runs numpy).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -20,67 +21,99 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import time_ms  # noqa: E402
-from triton_src.forward import attn_fwd  # noqa: E402
+from common import Results, int_list, load_kernels, print_table, require_device, short_error, time_ms  # noqa: E402
 
 CANDIDATES = [(128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
               (64, 64, 4, 3), (128, 32, 4, 3), (128, 128, 4, 2), (64, 128, 4, 3), (256, 64, 8, 2)]
+LOG2E = 1.4426950408889634
 
 
-def run(q, k, v, causal, cfg):
-    bm, bn, warps, stages = cfg
+def forward_args(q, k, v, out, lse, causal):
+    """ATTN_FWD's runtime arguments and the constexprs that do not depend on the tile, by name."""
+    from triton_src.spec import tensor_strides  # after load_kernels: the JIT or the interpreter
+
     b, s, h, d = q.shape
+    return {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse,
+            **tensor_strides("q", q), **tensor_strides("k", k), **tensor_strides("v", v), **tensor_strides("o", out),
+            "seqlen_q": s, "seqlen_k": k.shape[1], "num_heads": h, "kv_group_size": h // k.shape[2],
+            "head_dim": d, "qk_scale": LOG2E / math.sqrt(d), "BLOCK_D": d, "CAUSAL": causal, "PAD_D": False}
+
+
+def run(spec, q, k, v, causal, cfg):
+    bm, bn, warps, stages = cfg
+    b, s, h, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
-    grid = (triton_cdiv(s, bm), h, b)
-    attn_fwd[grid](q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                   s, k.shape[1], h, h // k.shape[2], d, 1 / math.sqrt(d) * 1.4426950408889634,
-                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, CAUSAL=causal, PAD_D=False,
-                   num_warps=warps, num_stages=stages)
+    spec.launch((-(-s // bm), h, b), num_warps=warps, num_stages=stages, BLOCK_M=bm, BLOCK_N=bn,
+                **forward_args(q, k, v, out, lse, causal))
     return out
 
 
-def triton_cdiv(a, b):
-    return (a + b - 1) // b
-
-
-def main():
-    parser = argparse.ArgumentParser()
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,4096,16384")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    results = []
-    for d in map(int, args.head_dims.split(",")):
+    parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
+    parser.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, two candidates: a smoke run")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (results schema of common.py)")
+    args = parser.parse_args(argv)
+    args.candidates = CANDIDATES[:2] if args.quick else CANDIDATES
+    if args.quick:
+        args.head_dims, args.seqlens, args.tokens, args.hidden, args.reps = "16", "128", 128, 32, 2
+    return args
+
+
+def tune_case(spec, results, args, d, causal, s):
+    b, h = max(1, args.tokens // s), args.hidden // d
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=dtype) for _ in range(3))
+    want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal).transpose(1, 2)
+    case = {"head_dim": d, "causal": causal, "seqlen": s, "batch": b, "heads": h}
+    for cfg in args.candidates:
+        ms = None
+        try:
+            err = (run(spec, q, k, v, causal, cfg).float() - want.float()).abs().max().item()
+            error = None if err < 0.05 else f"WRONG (max err {err:.3g})"
+            if error is None:
+                ms = time_ms(lambda: run(spec, q, k, v, causal, cfg), warmup=3, reps=args.reps, device=args.device)
+        except Exception as e:  # noqa: BLE001  (a config that does not fit or compile)
+            error = short_error(e, 300)
+        if error:
+            print(f"d{d} causal={causal} s{s} {cfg}: {error}", flush=True)
+        results.add(case, spec.name, ms, error, flops=4 * b * h * s * s * d / (2 if causal else 1),
+                    block_m=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+
+
+def print_ranking(results, seqlens, top=4):
+    """Per head dim and mask, the configs with the highest TFLOP/s summed over the sequence lengths."""
+    lines = []
+    for d, causal in dict.fromkeys((r["head_dim"], r["causal"]) for r in results.rows):
+        scores = {}
+        for r in results.rows:
+            if r["head_dim"] == d and r["causal"] == causal:
+                scores.setdefault((r["block_m"], r["block_n"], r["num_warps"], r["num_stages"]), {})[r["seqlen"]] = r
+        ranked = sorted(scores.items(), key=lambda kv: -sum(r["tflops"] or 0 for r in kv[1].values()))
+        for cfg, by_s in ranked[:top]:
+            lines.append([d, str(causal), *cfg] + [by_s.get(s, {}).get("tflops") for s in seqlens])
+    print_table(["d", "causal", "BM", "BN", "warps", "stages"] + [f"s{s} TFLOP/s" for s in seqlens], lines,
+                title=f"\nbest forward configs (top {top} per head dim and mask)")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    require_device(args.device, "tune_forward")
+    spec = load_kernels(args.device)["attn_fwd"]
+    results = Results.start("tune_forward", args, args.device)
+    for d in int_list(args.head_dims):
         for causal in (False, True):
-            scores = {}
-            for s in map(int, args.seqlens.split(",")):
-                b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal).transpose(1, 2)
-                fl = 4 * b * h * s * s * d / (2 if causal else 1)
-                for cfg in CANDIDATES:
-                    try:
-                        got = run(q, k, v, causal, cfg)
-                        err = (got.float() - want.float()).abs().max().item()
-                        if not err < 0.05:
-                            print(f"d{d} causal={causal} s{s} {cfg}: WRONG (max err {err})", flush=True)
-                            scores.setdefault(cfg, []).append(0.0)
-                            continue
-                        ms = time_ms(lambda: run(q, k, v, causal, cfg), warmup=3, reps=15)
-                        scores.setdefault(cfg, []).append(fl / ms / 1e9)
-                    except Exception as e:
-                        print(f"d{d} causal={causal} {cfg}: {type(e).__name__} {str(e)[:100]}", flush=True)
-                        scores.setdefault(cfg, []).append(0.0)
-            ranked = sorted(scores.items(), key=lambda kv: -sum(kv[1]))
-            for cfg, tf in ranked[:4]:
-                print(f"d{d} causal={causal} BM,BN,warps,stages={cfg}: " + " ".join(f"{x:6.1f}" for x in tf), flush=True)
-            results.append({"d": d, "causal": causal, "ranked": [[list(c), t] for c, t in ranked]})
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+            for s in int_list(args.seqlens):
+                tune_case(spec, results, args, d, causal, s)
+                results.write(args.out)
+    print_ranking(results, int_list(args.seqlens))
 
 
 if __name__ == "__main__":

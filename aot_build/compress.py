@@ -16,8 +16,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FATBIN_MAGIC = bytes.fromhex("50ed55ba")  # 0xBA55ED50, little-endian
-
 
 class CompressError(RuntimeError):
     pass

@@ -97,8 +97,8 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
   // be passed; the handle is not reseated, only the storage it points to is written, the
   // same as at::Tensor::add_ being a const method. The kernels are registered boxed (stable
   // ABI), so the dispatcher holds no C++ signature to check this one against: a mismatch does
-  // not throw at typed<>() (an `int` for an `int64_t` was seen to pass); keep it in step with
-  // the schema by hand.
+  // not throw at typed<>() (an `int` for an `int64_t` passes); tests/test_cpp_header.py checks
+  // it against the registered schema.
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fattn::decode", "")

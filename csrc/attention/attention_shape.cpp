@@ -8,7 +8,7 @@ AttentionShape check_attention_inputs(const char* op, const Tensor& q, const Ten
   const Tensor* tensors[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) check_rank(op, names[i], *tensors[i], 4, "[batch, seqlen, heads, head_dim]");
   for (int i = 1; i < 3; ++i) {
-    if (device_name(*tensors[i]) != device_name(q)) {
+    if (!same_device(*tensors[i], q)) {
       fail(op, names[i], " is on ", device_name(*tensors[i]), " but q is on ", device_name(q),
            "; q, k and v must be on one device");
     }

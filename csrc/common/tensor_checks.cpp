@@ -39,8 +39,12 @@ void check_rank(const char* op, const char* name, const Tensor& t, int64_t rank,
   if (!t.is_cuda() && !t.is_cpu()) fail(op, name, " must be a CUDA or CPU tensor");
 }
 
+bool same_device(const Tensor& a, const Tensor& b) {
+  return a.is_cuda() == b.is_cuda() && a.is_cpu() == b.is_cpu() && a.get_device_index() == b.get_device_index();
+}
+
 void check_same_device(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
-  if (device_name(t) != device_name(ref)) {
+  if (!same_device(t, ref)) {
     fail(op, name, " is on ", device_name(t), " but ", ref_name, " is on ", device_name(ref));
   }
 }
@@ -74,7 +78,7 @@ void check_attention_dtype(const char* op, const char* name, const Tensor& t) {
 void check_index_tensor(const char* op, const char* name, const Tensor& t, int64_t rank, const Tensor& ref) {
   if (t.scalar_type() != ScalarType::Int) fail(op, name, " has dtype ", dtype_name(t.scalar_type()), "; expected int32");
   if (t.dim() != rank) fail(op, name, " must be a ", rank, "-D tensor, got shape ", shape_of(t));
-  if (device_name(t) != device_name(ref)) fail(op, name, " is on ", device_name(t), " but q is on ", device_name(ref));
+  if (!same_device(t, ref)) fail(op, name, " is on ", device_name(t), " but q is on ", device_name(ref));
 }
 
 void check_head_dim(const char* op, int64_t head_dim) {

@@ -21,6 +21,8 @@ std::string shape_of(const Tensor& t);
 std::string dtype_name(ScalarType t);
 std::string device_name(const Tensor& t);
 
+// Same device type and index; allocates nothing (it runs on every call).
+bool same_device(const Tensor& a, const Tensor& b);
 // Rank, then "must be a CUDA or CPU tensor".
 void check_rank(const char* op, const char* name, const Tensor& t, int64_t rank, const char* layout);
 void check_same_device(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref);

@@ -29,7 +29,7 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
     variants = grid.expand(config, env)
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     digest = _kernel_source_digest()
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or int(os.environ.get("FATTN_BUILD_JOBS", 0)) or os.cpu_count() or 1
     limits = config["shared_memory_limit"]
     packing = compress.mode(env)
     log(f"aot_build: {len(variants)} variants, {jobs} jobs, triton {triton.__version__}, "
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aot_build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("build/generated"))
-    parser.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: $FATTN_BUILD_JOBS or the CPU count)")
     parser.add_argument("--cache", type=Path, default=None, help="cache folder (default: $FATTN_AOT_CACHE or build/aot_cache)")
     parser.add_argument("--list", action="store_true", help="print the variant grid and exit")
     args = parser.parse_args(argv)

@@ -28,6 +28,7 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config:
     """`packing`: "fatbinary" (compressed images) or "none" (raw cubin and PTX)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    launchers_h = _launchers_h(config)  # first: a spec/config mismatch must fail before any write
     blob = bytearray()
     rows = []
     for art in artifacts:
@@ -61,7 +62,7 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config:
     _write_if_changed(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     _write_if_changed(out_dir / "kernel_table.cpp",
                       _table_cpp(rows, blob_path.resolve(), triton_version, config).encode())
-    _write_if_changed(out_dir / "kernel_launchers.h", _launchers_h(config).encode())
+    _write_if_changed(out_dir / "kernel_launchers.h", launchers_h.encode())
     return manifest
 
 

@@ -2,10 +2,11 @@
 
 For each kernel the header declares, inside `fattn::kernels::<kernel>`:
 - `Args`: the runtime parameters in the kernel's order, typed (pointers, int64 integers,
-  double floats). Ops fill it with C++20 designated initializers; a misspelt or misordered
-  name does not compile, and -Werror=missing-field-initializers rejects a missing one.
+  double floats), each a runtime::Required<T> (no default constructor). Ops fill it with
+  C++20 designated initializers: a misspelt, misordered or missing name does not compile.
 - `Flags`: the kernel's variant flags from configs.json (PAD_D and BLOCK_D excluded: the
-  chooser derives them from head_dim), and `flags_key`, their packing as the table stores it.
+  chooser derives them from head_dim), also Required, and `flags_key`, their packing as the
+  table stores it.
 - `Constant`: indices of the variant's constexprs in each table entry (names sorted).
 - `launch_<kernel>(variant, grid, args)`: narrows the int32/float32 parameters (an int32 overflow
   raises, naming the parameter) and hands cuLaunchKernel a positional array; no lookups.
@@ -21,6 +22,7 @@ DERIVED_FLAGS = ("PAD_D",)  # chosen from head_dim, not by the op
 
 _FIELD_TYPES = {"*T": "const void*", "*fp32": "const void*", "*i32": "const void*",
                 "i32": "int64_t", "i64": "int64_t", "fp32": "double"}
+_REQUIRED = "runtime::Required<{}>"
 
 
 def flag_names(kernel_cfg: dict) -> list[str]:
@@ -45,9 +47,9 @@ def kernel_ids(config: dict) -> list[str]:
 
 
 def _struct(kernel: str, kernel_id: int, spec, kernel_cfg: dict, constant_names: list[str]) -> list[str]:
-    fields = [f"    {_FIELD_TYPES[p.type]} {p.name};" for p in spec.params]
+    fields = [f"    {_REQUIRED.format(_FIELD_TYPES[p.type])} {p.name};" for p in spec.params]
     op_flags = [n for n in flag_names(kernel_cfg) if n not in DERIVED_FLAGS]
-    key_terms = [f"(uint64_t(f.{n}) << {FLAG_BITS * i})" for i, n in enumerate(op_flags)]
+    key_terms = [f"(uint64_t(f.{n}.value) << {FLAG_BITS * i})" for i, n in enumerate(op_flags)]
     pad_shift = FLAG_BITS * len(op_flags)
     lines = [
         f"struct {kernel} {{",
@@ -57,7 +59,7 @@ def _struct(kernel: str, kernel_id: int, spec, kernel_cfg: dict, constant_names:
         *fields,
         "  };",
         "  struct Flags {",
-        *[f"    int64_t {n};" for n in op_flags],
+        *[f"    {_REQUIRED.format('int64_t')} {n};" for n in op_flags],
         "  };",
         f"  enum Constant : int {{ {', '.join(constant_names)} }};",
         "  static uint64_t flags_key(const Flags& f, bool pad_d) {",
@@ -73,15 +75,15 @@ def _launch_fn(kernel: str, spec) -> list[str]:
     locals_, slots = [], []
     for p in spec.params:
         if p.type == "i32":
-            locals_.append(f"  const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", a.{p.name});")
+            locals_.append(f"  const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", a.{p.name}.value);")
             slots.append(f"const_cast<int32_t*>(&{p.name})")
         elif p.type == "fp32":
-            locals_.append(f"  const float {p.name} = static_cast<float>(a.{p.name});")
+            locals_.append(f"  const float {p.name} = static_cast<float>(a.{p.name}.value);")
             slots.append(f"const_cast<float*>(&{p.name})")
         elif p.type == "i64":
-            slots.append(f"const_cast<int64_t*>(&a.{p.name})")
+            slots.append(f"const_cast<int64_t*>(&a.{p.name}.value)")
         else:
-            slots.append(f"const_cast<void**>(&a.{p.name})")
+            slots.append(f"const_cast<void**>(&a.{p.name}.value)")
     return [
         f"inline void launch_{kernel}(const runtime::Variant<{kernel}>& v, runtime::Grid grid, const {kernel}::Args& a) {{",
         *locals_,

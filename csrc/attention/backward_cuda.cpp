@@ -36,6 +36,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   const runtime::Grid dkdv_grid{ceil_div(s.seqlen_k, dkdv.constant(attn_bwd_dkdv::BLOCK_N)), dim(s.kv_heads),
                                 dim(s.batch)};
   const runtime::Grid dq_grid{ceil_div(s.seqlen_q, dqk.constant(attn_bwd_dq::BLOCK_M)), dim(s.heads), dim(s.batch)};
+  check_grid(op, pre_grid, "query tiles", "heads", "batch");
   check_grid(op, dq_grid, "query tiles", "heads", "batch");
   check_grid(op, dkdv_grid, "key tiles", "kv heads", "batch");
 

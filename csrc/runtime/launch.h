@@ -17,6 +17,14 @@ struct LaunchTarget {
   bool from_ptx;  // load the entry's PTX instead of its cubin (FATTN_FORCE_PTX_ARCH)
 };
 
+// A launcher argument or flag that must be given: it has no default constructor, so an
+// aggregate initializer that leaves it out, or passes empty braces, does not compile.
+template <typename T>
+struct Required {
+  T value;
+  Required(T v) : value(v) {}  // NOLINT: implicit, so that `.seqlen_q = s.seqlen_q` reads plainly
+};
+
 // A chosen variant of kernel K (a struct of kernel_launchers.h): the type ties the
 // variant to K's launcher, and K::Constant indexes its constexprs directly.
 template <typename K>

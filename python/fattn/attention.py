@@ -18,6 +18,9 @@ load_library()
 # Bound once: attribute lookups on torch.ops cost more than the call's own Python work.
 _forward_op = torch.ops.fattn.forward.default
 _backward_op = torch.ops.fattn.backward.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
 
 
 def flash_attn_func(
@@ -50,7 +53,13 @@ def flash_attn_func(
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse).
     """
-    out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+    if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+    else:
+        # No gradient can flow: skip the Python autograd kernel of register_autograd, which
+        # would only find that out itself and redispatch below autograd.
+        with _below_autograd():
+            out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
     return (out, lse) if return_lse else out
 
 

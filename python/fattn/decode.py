@@ -173,4 +173,5 @@ def _decode_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_
     # The append mutates the caches in place (declared in the schema); the outputs are
     # fresh and contiguous.
     batch, seqlen_q, heads, head_dim = q.shape
-    return q.new_empty((batch, seqlen_q, heads, head_dim)), q.new_empty((batch, heads, seqlen_q), dtype=lse_dtype(q.dtype))
+    out = q.new_empty((batch, seqlen_q, heads, head_dim))
+    return out, q.new_empty((batch, heads, seqlen_q), dtype=lse_dtype(q.dtype))

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 import fattn
-from conftest import requires_gpu
 from fattn.reference import attention_reference
-from helpers import make_qkv
+from helpers import expected_lse_dtype, make_qkv, requires_gpu
 
 
 def _chunked(q, k, v, bounds, causal=False, dtype=None):
@@ -15,7 +14,7 @@ def _chunked(q, k, v, bounds, causal=False, dtype=None):
     for a, b in bounds:
         out, lse = attention_reference(q, k[:, a:b], v[:, a:b], None, False, dtype=torch.float64)
         outs.append(out.to(dtype or q.dtype))
-        lses.append(lse.to(torch.float64 if (dtype or q.dtype) == torch.float64 else torch.float32))
+        lses.append(lse.to(expected_lse_dtype(dtype or q.dtype)))
     return outs, lses
 
 

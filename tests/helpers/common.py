@@ -1,10 +1,19 @@
-"""Shared pieces of the tests: random inputs, the accuracy rule, output poisoning."""
+"""Random inputs, devices, the contract's lse dtype, the accuracy rules, output poisoning."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fattn.reference import attention_reference
+
+HAS_GPU = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+
+
+def expected_lse_dtype(dtype):
+    """The contract, stated by the tests: lse is float32, float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, device, layout="contiguous"):
@@ -45,3 +54,31 @@ def check_accuracy(out, lse, q, k, v, softmax_scale, causal, what=""):
         lse_err = (lse[finite].double() - ref_lse[finite].double()).abs().max().item()
         assert lse_err <= 5e-3, f"{what}: lse error {lse_err:.3e}"
     return err, base
+
+
+def grads_of(fn, q, k, v, w_out, w_lse):
+    """d(sum(out * w_out) + sum(lse * w_lse)) / d(q, k, v) for (out, lse) = fn(q, k, v)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    loss = (out.to(w_out.dtype) * w_out).sum() + (lse.to(w_lse.dtype) * w_lse).sum()
+    return torch.autograd.grad(loss, (q, k, v))
+
+
+def check_gradients(got, ref, low, dtype, what=""):
+    """The 2x rule for gradients: max |got - ref64| <= 2 * max |low - ref64| + 1e-5, plus half
+    an ulp of `dtype` at the gradient's largest value. `low` is torch's own gradient in `dtype`.
+
+    The half ulp is the rounding of the stored gradient (and of dS before its matmul, as in
+    FlashAttention) that no kernel avoids: on a tensor of a few dozen elements (seqlen 1, one
+    head) torch's own error is too small a sample to bound it; seen on the H100, dk 4.9e-4
+    against 2 x 1.8e-4 with |dk| up to ~1 in float16."""
+    for g, r, l, name in zip(got, ref, low, ("dq", "dk", "dv")):
+        assert g.dtype == dtype and g.shape == r.shape, f"{what} {name}: {g.dtype} {tuple(g.shape)}"
+        assert not torch.isnan(g).any(), f"{what} {name}: NaN"
+        if not g.numel():
+            continue
+        err = (g.double() - r.double()).abs().max().item()
+        base = (l.double() - r.double()).abs().max().item()
+        rounding = 0.5 * torch.finfo(dtype).eps * r.abs().max().item()
+        assert err <= 2 * base + 1e-5 + rounding, (
+            f"{what} {name}: error {err:.3e} > 2 x torch error {base:.3e} + 1e-5 + {rounding:.3e}")

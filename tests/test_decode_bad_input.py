@@ -1,0 +1,186 @@
+"""fattn.flash_attn_with_kvcache (torch.ops.fattn.decode): every bad-input rule of the contract,
+one test per rule, through the public function and the op. No rule may write to the cache
+before it raises.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fattn
+from helpers import seqlens_tensor
+
+
+def _valid(paged=False):
+    """A valid call's arguments (float32 on CPU): q [2, 3, 4, 32], cache capacity 48, 2 new tokens."""
+    q = torch.randn(2, 3, 4, 32)
+    if paged:
+        k_cache, v_cache = torch.randn(7, 16, 2, 32), torch.randn(7, 16, 2, 32)
+        block_table = torch.tensor([[3, 0, 5], [1, 6, 2]], dtype=torch.int32)
+    else:
+        k_cache, v_cache = torch.randn(2, 48, 2, 32), torch.randn(2, 48, 2, 32)
+        block_table = None
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, k=torch.randn(2, 2, 2, 32), v=torch.randn(2, 2, 2, 32),
+                cache_seqlens=seqlens_tensor([5, 40]), block_table=block_table, softmax_scale=None, causal=True,
+                window_size=(-1, -1), softcap=0.0, num_splits=0)
+
+
+def _call(via, a):
+    if via == "api":
+        return fattn.flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], k=a["k"], v=a["v"],
+                                             cache_seqlens=a["cache_seqlens"], block_table=a["block_table"],
+                                             softmax_scale=a["softmax_scale"], causal=a["causal"],
+                                             window_size=a["window_size"], softcap=a["softcap"],
+                                             num_splits=a["num_splits"], return_lse=True)
+    return torch.ops.fattn.decode(a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"], a["cache_seqlens"],
+                                  a["block_table"], a["softmax_scale"], a["causal"], a["window_size"][0],
+                                  a["window_size"][1], a["softcap"], a["num_splits"])
+
+
+def _expect(via, match, paged=False, **changes):
+    a = _valid(paged)
+    for name, change in changes.items():
+        a[name] = change(a) if callable(change) else change
+    caches = [a["k_cache"].clone(), a["v_cache"].clone()]
+    with pytest.raises(RuntimeError, match=r"(?s)fattn\.decode: .*" + match):
+        _call(via, a)
+    # Errors come before any write.
+    assert torch.equal(a["k_cache"], caches[0]) and torch.equal(a["v_cache"], caches[1]), "cache modified"
+
+
+VIA = pytest.mark.parametrize("via", ["api", "op"])
+
+
+@VIA
+def test_valid_baseline_calls_succeed(via):
+    # The bad-input tests below each change one thing of these calls.
+    for paged in (False, True):
+        out, lse = _call(via, _valid(paged))
+        assert out.shape == (2, 3, 4, 32) and lse.shape == (2, 4, 3)
+
+
+@VIA
+def test_bad_rank(via):
+    _expect(via, r"\bq\b", q=lambda a: a["q"][:, 0])
+    _expect(via, r"\bq\b", q=lambda a: a["q"][None])
+    _expect(via, r"\bk_cache\b", k_cache=lambda a: a["k_cache"][0])
+    _expect(via, r"\bv_cache\b", v_cache=lambda a: a["v_cache"][0])
+    _expect(via, r"\bk\b", k=lambda a: a["k"][:, 0])
+    _expect(via, r"\bv\b", v=lambda a: a["v"][:, 0])
+
+
+@VIA
+def test_bad_dtype(via):
+    _expect(via, r"\bq\b", q=lambda a: a["q"].int(), k_cache=lambda a: a["k_cache"].int(),
+            v_cache=lambda a: a["v_cache"].int(), k=lambda a: a["k"].int(), v=lambda a: a["v"].int())
+    _expect(via, r"\bk_cache\b", k_cache=lambda a: a["k_cache"].double())
+    _expect(via, r"\bv_cache\b", v_cache=lambda a: a["v_cache"].bfloat16())
+    _expect(via, r"\bk\b", k=lambda a: a["k"].double())
+    _expect(via, r"\bv\b", v=lambda a: a["v"].half())
+
+
+@VIA
+def test_seqlen_q_over_16(via):
+    _expect(via, r"seqlen", q=lambda a: torch.randn(2, 17, 4, 32))
+
+
+@VIA
+def test_k_without_v_and_v_without_k(via):
+    _expect(via, r"(\bk\b.*\bv\b|\bv\b.*\bk\b)", v=None)
+    _expect(via, r"(\bk\b.*\bv\b|\bv\b.*\bk\b)", k=None)
+
+
+@VIA
+def test_new_token_shapes_that_do_not_match(via):
+    _expect(via, r"\bk\b", k=torch.randn(2, 2, 1, 32), v=torch.randn(2, 2, 1, 32))  # kv_heads 1 vs the cache's 2
+    _expect(via, r"\bk\b", k=torch.randn(3, 2, 2, 32), v=torch.randn(3, 2, 2, 32))  # batch 3 vs q's 2
+    _expect(via, r"\bk\b", k=torch.randn(2, 2, 2, 40), v=torch.randn(2, 2, 2, 40))  # head_dim 40 vs 32
+    _expect(via, r"\bv\b", v=torch.randn(2, 3, 2, 32))  # v's seqlen differs from k's
+
+
+@VIA
+def test_cache_shapes_that_do_not_match(via):
+    _expect(via, r"\bv_cache\b", v_cache=torch.randn(2, 40, 2, 32))
+    _expect(via, r"\bk_cache\b", k_cache=torch.randn(2, 48, 2, 40), v_cache=torch.randn(2, 48, 2, 40))
+    _expect(via, r"\bk_cache\b", k_cache=torch.randn(3, 48, 2, 32), v_cache=torch.randn(3, 48, 2, 32))
+    _expect(via, r"\bk_cache\b", k_cache=torch.randn(2, 48, 32, 2).transpose(2, 3))  # last dim not contiguous
+
+
+@VIA
+def test_heads_not_a_multiple_of_kv_heads(via):
+    _expect(via, r"heads", q=torch.randn(2, 3, 5, 32))
+
+
+@VIA
+@pytest.mark.parametrize("d", [12, 100, 264])
+def test_unsupported_head_dim(via, d):
+    _expect(via, r"head_dim", q=torch.randn(2, 3, 4, d), k_cache=torch.randn(2, 48, 2, d),
+            v_cache=torch.randn(2, 48, 2, d), k=torch.randn(2, 2, 2, d), v=torch.randn(2, 2, 2, d))
+
+
+@VIA
+def test_cache_seqlens_not_int32_batch(via):
+    _expect(via, r"cache_seqlens", cache_seqlens=torch.tensor([5, 40], dtype=torch.int64))
+    _expect(via, r"cache_seqlens", cache_seqlens=torch.tensor([5.0, 40.0]))
+    _expect(via, r"cache_seqlens", cache_seqlens=seqlens_tensor([5, 40, 7]))
+    _expect(via, r"cache_seqlens", cache_seqlens=seqlens_tensor([[5, 40]]))
+
+
+@VIA
+def test_block_table_not_int32_2d_batch(via):
+    _expect(via, r"block_table", paged=True, block_table=lambda a: a["block_table"].long())
+    _expect(via, r"block_table", paged=True, block_table=lambda a: a["block_table"].flatten())
+    _expect(via, r"block_table", paged=True, block_table=lambda a: a["block_table"][:1])
+    _expect(via, r"block_table", paged=True, block_table=lambda a: a["block_table"][None])
+
+
+@VIA
+@pytest.mark.parametrize("page_size", [8, 24])
+def test_page_size_not_a_multiple_of_16(via, page_size):
+    pages = -(-48 // page_size)
+    _expect(via, r"page_size", paged=True, k_cache=torch.randn(2 * pages, page_size, 2, 32),
+            v_cache=torch.randn(2 * pages, page_size, 2, 32),
+            block_table=torch.arange(2 * pages, dtype=torch.int32).view(2, pages))
+
+
+@VIA
+def test_new_tokens_without_cache_seqlens(via):
+    _expect(via, r"cache_seqlens", cache_seqlens=None)
+
+
+@VIA
+@pytest.mark.parametrize("num_splits", [-1, 257])
+def test_num_splits_out_of_range(via, num_splits):
+    _expect(via, r"num_splits", num_splits=num_splits)
+
+
+@VIA
+def test_negative_softcap(via):
+    _expect(via, r"softcap", softcap=-1.0)
+
+
+@VIA
+@pytest.mark.parametrize("paged", [False, True])
+def test_cache_too_small_for_the_append(via, paged):
+    # Capacity 48: sequence 0 fits, sequence 1 (47 + 2) does not; nothing may be written.
+    _expect(via, r"(cache too small|capacity)", paged=paged, cache_seqlens=seqlens_tensor([5, 47]))
+    # Without an append, cache_seqlens past the capacity is the same rule.
+    _expect(via, r"(cache too small|capacity|cache_seqlens)", paged=paged, k=None, v=None,
+            cache_seqlens=seqlens_tensor([5, 49]))
+
+
+@VIA
+def test_negative_cache_seqlens(via):
+    _expect(via, r"cache_seqlens", cache_seqlens=seqlens_tensor([5, -1]))
+    _expect(via, r"cache_seqlens", k=None, v=None, cache_seqlens=seqlens_tensor([-3, 5]))
+
+
+@VIA
+@pytest.mark.parametrize("entry", [-1, 7])
+def test_block_table_entry_out_of_range(via, entry):
+    def patch(a):
+        table = a["block_table"].clone()
+        table[1, 2] = entry  # 7 pages: valid entries are 0..6
+        return table
+    _expect(via, r"block_table", paged=True, block_table=patch)

@@ -1,7 +1,7 @@
 """fattn.flash_attn_with_kvcache (torch.ops.fattn.decode) on CPU: the op's semantic reference
 against the float64 kvcache_reference, the reference itself against attention_reference and
-plain loops, the in-place append, opcheck, fake tensors and torch.compile. The bad-input rules are in
-test_decode_bad_input.py.
+plain loops, the in-place append and torch.compile. The bad-input rules are in
+test_decode_bad_input.py; opcheck and the fake run on the shared samples (test_op_samples.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
 from fattn.reference import attention_reference, kvcache_reference
@@ -344,45 +343,8 @@ def test_op_called_directly_matches_the_api():
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake tensors, opcheck, torch.compile
+# torch.compile
 # ---------------------------------------------------------------------------------------------
-
-
-def _op_args(paged, append, dtype=torch.float32, layout="contiguous", scale=None, causal=True, window=(-1, -1),
-             softcap=0.0):
-    q = torch.randn(2, 3, 4, 16, dtype=dtype)
-    cache = KVCache(2, 40, 2, 16, dtype, "cpu", page_size=16 if paged else None, layout=layout)
-    k, v = new_tokens(2, 3 if append else 0, 2, 16, dtype, "cpu")
-    lengths = seqlens_tensor([5, 33])
-    return (q, cache.k_cache, cache.v_cache, k, v, lengths, cache.block_table, scale, causal, window[0],
-            window[1], softcap, 0), cache
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "fused"])
-@pytest.mark.parametrize("paged", [False, True])
-def test_fake_matches_real_shapes_and_strides(paged, layout):
-    args, _ = _op_args(paged, append=True, dtype=torch.bfloat16, layout=layout)
-    real_out, real_lse = torch.ops.fattn.decode(*args)
-    with FakeTensorMode() as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake_out, fake_lse = torch.ops.fattn.decode(*fake_args)
-    for fake, real in ((fake_out, real_out), (fake_lse, real_lse)):
-        assert fake.shape == real.shape
-        assert fake.stride() == real.stride()
-        assert fake.dtype == real.dtype
-
-
-@pytest.mark.parametrize("append", [False, True])
-@pytest.mark.parametrize("paged", [False, True])
-def test_opcheck_decode(paged, append):
-    args, _ = _op_args(paged, append)
-    torch.library.opcheck(torch.ops.fattn.decode.default, args)
-
-
-def test_opcheck_decode_with_window_softcap_scale_and_float64():
-    args, _ = _op_args(True, True, dtype=torch.float64, layout="fused", scale=0.3, causal=False,
-                       window=(6, 2), softcap=1.5)
-    torch.library.opcheck(torch.ops.fattn.decode.default, args)
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -11,6 +11,16 @@ HAS_GPU = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 
 
+def device_dtype_params(cpu, cuda):
+    """(device, dtype) parameters: `cpu` dtypes on the CPU always, `cuda` dtypes on a GPU where
+    there is one; the CUDA cases carry the gpu mark, which the GPU machine's run selects."""
+    params = []
+    for device, dtypes in (("cpu", cpu), ("cuda", cuda)):
+        marks = [requires_gpu, pytest.mark.gpu] if device == "cuda" else []
+        params += [pytest.param(device, d, marks=marks, id=f"{device}-{str(d).removeprefix('torch.')}") for d in dtypes]
+    return params
+
+
 def expected_lse_dtype(dtype):
     """The contract, stated by the tests: lse is float32, float64 for float64 inputs."""
     return torch.float64 if dtype == torch.float64 else torch.float32

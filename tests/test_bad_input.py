@@ -1,4 +1,5 @@
-"""Every bad-input rule raises a clear error naming the argument, before any launch.
+"""Every bad-input rule of the attention forward raises a clear error naming the argument,
+before any launch, and the op's fake raises the same one (torch.compile sees that error).
 
 Validation is shared by the CPU and CUDA implementations (csrc/ops/attention_inputs.cpp),
 so CPU tensors exercise it here; test_forward_gpu.py checks the CUDA-only rules.
@@ -9,6 +10,7 @@ import torch
 
 import fattn
 from fattn._library import pick_arch
+from helpers import FORWARD, check_fake_raises_like_op
 
 
 def qkv(b=2, sq=8, sk=8, h=4, hk=2, d=32, dtype=torch.float16):
@@ -16,9 +18,10 @@ def qkv(b=2, sq=8, sk=8, h=4, hk=2, d=32, dtype=torch.float16):
             torch.randn(b, sk, hk, d, dtype=dtype))
 
 
-def expect(match, q, k, v, **kw):
+def expect(match, q, k, v, softmax_scale=None):
     with pytest.raises(RuntimeError, match=match):
-        fattn.flash_attn_func(q, k, v, **kw)
+        fattn.flash_attn_func(q, k, v, softmax_scale=softmax_scale)
+    check_fake_raises_like_op(FORWARD, (q, k, v, softmax_scale, False, False), match)
 
 
 def test_wrong_dtype():

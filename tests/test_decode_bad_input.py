@@ -1,6 +1,7 @@
 """fattn.flash_attn_with_kvcache (torch.ops.fattn.decode): every bad-input rule of the contract,
-one test per rule, through the public function and the op. No rule may write to the cache
-before it raises.
+one test per rule, through the public function, the op and, for the rules that shapes, dtypes
+and devices decide, the op's fake (the error torch.compile raises). No rule may write to the
+cache before it raises.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import fattn
-from helpers import seqlens_tensor
+from helpers import DECODE, call_with_fakes, check_fake_raises_like_op, seqlens_tensor
 
 
 def _valid(paged=False):
@@ -26,6 +27,11 @@ def _valid(paged=False):
                 window_size=(-1, -1), softcap=0.0, num_splits=0)
 
 
+def _op_args(a):
+    return (a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"], a["cache_seqlens"], a["block_table"],
+            a["softmax_scale"], a["causal"], a["window_size"][0], a["window_size"][1], a["softcap"], a["num_splits"])
+
+
 def _call(via, a):
     if via == "api":
         return fattn.flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], k=a["k"], v=a["v"],
@@ -33,9 +39,9 @@ def _call(via, a):
                                              softmax_scale=a["softmax_scale"], causal=a["causal"],
                                              window_size=a["window_size"], softcap=a["softcap"],
                                              num_splits=a["num_splits"], return_lse=True)
-    return torch.ops.fattn.decode(a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"], a["cache_seqlens"],
-                                  a["block_table"], a["softmax_scale"], a["causal"], a["window_size"][0],
-                                  a["window_size"][1], a["softcap"], a["num_splits"])
+    if via == "fake":
+        return call_with_fakes(DECODE, _op_args(a))
+    return DECODE(*_op_args(a))
 
 
 def _expect(via, match, paged=False, **changes):
@@ -43,13 +49,19 @@ def _expect(via, match, paged=False, **changes):
     for name, change in changes.items():
         a[name] = change(a) if callable(change) else change
     caches = [a["k_cache"].clone(), a["v_cache"].clone()]
-    with pytest.raises(RuntimeError, match=r"(?s)fattn\.decode: .*" + match):
-        _call(via, a)
+    match = r"(?s)fattn\.decode: .*" + match
+    if via == "fake":  # the op and its fake raise the same error
+        check_fake_raises_like_op(DECODE, _op_args(a), match)
+    else:
+        with pytest.raises(RuntimeError, match=match):
+            _call(via, a)
     # Errors come before any write.
     assert torch.equal(a["k_cache"], caches[0]) and torch.equal(a["v_cache"], caches[1]), "cache modified"
 
 
-VIA = pytest.mark.parametrize("via", ["api", "op"])
+VIA = pytest.mark.parametrize("via", ["api", "op", "fake"])
+# Rules on the values of cache_seqlens and block_table: only the op can check them.
+VALUE_RULE_VIA = pytest.mark.parametrize("via", ["api", "op"])
 
 
 @VIA
@@ -160,7 +172,7 @@ def test_negative_softcap(via):
     _expect(via, r"softcap", softcap=-1.0)
 
 
-@VIA
+@VALUE_RULE_VIA
 @pytest.mark.parametrize("paged", [False, True])
 def test_cache_too_small_for_the_append(via, paged):
     # Capacity 48: sequence 0 fits, sequence 1 (47 + 2) does not; nothing may be written.
@@ -170,13 +182,13 @@ def test_cache_too_small_for_the_append(via, paged):
             cache_seqlens=seqlens_tensor([5, 49]))
 
 
-@VIA
+@VALUE_RULE_VIA
 def test_negative_cache_seqlens(via):
     _expect(via, r"cache_seqlens", cache_seqlens=seqlens_tensor([5, -1]))
     _expect(via, r"cache_seqlens", k=None, v=None, cache_seqlens=seqlens_tensor([-3, 5]))
 
 
-@VIA
+@VALUE_RULE_VIA
 @pytest.mark.parametrize("entry", [-1, 7])
 def test_block_table_entry_out_of_range(via, entry):
     def patch(a):

@@ -14,13 +14,13 @@ from .common import (
 from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, references, run_decode, seqlens_tensor
 from .library import check_stable_abi
 from .samples import (
-    BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes, decode_samples,
-    forward_samples, merge_samples,
+    BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
+    check_fake_raises_like_op, decode_samples, forward_samples, merge_samples,
 )
 
 __all__ = [
     "BACKWARD", "CACHE_LAYOUTS", "DECODE", "FORWARD", "HAS_GPU", "KVCache", "MERGE", "OPS",
-    "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy",
+    "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
     "poison_allocator", "references", "requires_gpu", "run_decode", "seqlens_tensor",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -141,3 +142,13 @@ def call_with_fakes(op, args):
     with FakeTensorMode() as mode:
         return op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
 
+
+def check_fake_raises_like_op(op, args, match=None):
+    """The op raises for `args` (matching `match`), and its fake raises the same error. Only the
+    first clause of the message must agree: the hint after '; ' is the op's to word."""
+    with pytest.raises(RuntimeError, match=match) as real:
+        op(*args)
+    with pytest.raises(RuntimeError) as fake:
+        call_with_fakes(op, args)
+    want, got = str(real.value).split("; ")[0], str(fake.value).split("; ")[0]
+    assert got == want, f"the fake raised {str(fake.value)!r}, the op {str(real.value)!r}"

@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
 from helpers import DECODE, call_with_fakes, check_fake_raises_like_op, seqlens_tensor
 
 
-def _valid(paged=False):
-    """A valid call's arguments (float32 on CPU): q [2, 3, 4, 32], cache capacity 48, 2 new tokens."""
-    q = torch.randn(2, 3, 4, 32)
+def _valid(paged=False, dtype=torch.float32, device="cpu"):
+    """A valid call's arguments: q [2, 3, 4, 32], cache capacity 48, 2 new tokens."""
+    def randn(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+
     if paged:
-        k_cache, v_cache = torch.randn(7, 16, 2, 32), torch.randn(7, 16, 2, 32)
-        block_table = torch.tensor([[3, 0, 5], [1, 6, 2]], dtype=torch.int32)
+        k_cache, v_cache = randn(7, 16, 2, 32), randn(7, 16, 2, 32)
+        block_table = torch.tensor([[3, 0, 5], [1, 6, 2]], dtype=torch.int32, device=device)
     else:
-        k_cache, v_cache = torch.randn(2, 48, 2, 32), torch.randn(2, 48, 2, 32)
+        k_cache, v_cache = randn(2, 48, 2, 32), randn(2, 48, 2, 32)
         block_table = None
-    return dict(q=q, k_cache=k_cache, v_cache=v_cache, k=torch.randn(2, 2, 2, 32), v=torch.randn(2, 2, 2, 32),
-                cache_seqlens=seqlens_tensor([5, 40]), block_table=block_table, softmax_scale=None, causal=True,
-                window_size=(-1, -1), softcap=0.0, num_splits=0)
+    return dict(q=randn(2, 3, 4, 32), k_cache=k_cache, v_cache=v_cache, k=randn(2, 2, 2, 32), v=randn(2, 2, 2, 32),
+                cache_seqlens=seqlens_tensor([5, 40], device), block_table=block_table, softmax_scale=None,
+                causal=True, window_size=(-1, -1), softcap=0.0, num_splits=0)
 
 
 def _op_args(a):
@@ -196,3 +199,25 @@ def test_block_table_entry_out_of_range(via, entry):
         table[1, 2] = entry  # 7 pages: valid entries are 0..6
         return table
     _expect(via, r"block_table", paged=True, block_table=patch)
+
+
+def test_fake_applies_the_cuda_rules():
+    # Fake CUDA tensors need no GPU. The op's own errors for these inputs are pinned by
+    # test_decode_gpu.py's test_bad_input_cuda_rules.
+    with FakeTensorMode():
+        a = _valid(paged=True, dtype=torch.float16, device="cuda")
+        out, lse = _call("op", a)
+        assert out.device == a["q"].device and lse.dtype == torch.float32
+
+        def expect(match, **changes):
+            with pytest.raises(RuntimeError, match=r"(?s)fattn\.decode: .*" + match):
+                _call("op", dict(a, **changes))
+
+        on_cpu = _valid(paged=True, dtype=torch.float16)
+        for name in ("k_cache", "v_cache", "k", "cache_seqlens", "block_table"):
+            expect(rf"\b{name} is on cpu but q is on cuda:0", **{name: on_cpu[name]})
+        float32 = _valid(paged=True, device="cuda")
+        expect(r"q has dtype float32; expected float16 or bfloat16$",
+               **{name: float32[name] for name in ("q", "k_cache", "v_cache", "k", "v")})
+        expect(r"num_splits is 257", num_splits=257)
+        expect(r"softcap must be a finite number >= 0", softcap=-0.5)

@@ -3,6 +3,7 @@ opcheck and the fake run on the shared samples (test_op_samples.py)."""
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
 from fattn.reference import attention_reference
@@ -61,6 +62,18 @@ def test_merge_compiles_fullgraph():
 def test_merge_bad_input(bad, match):
     outs, lses = torch.randn(2, 1, 4, 2, 16), torch.randn(2, 1, 2, 4)
     check_fake_raises_like_op(MERGE, bad(outs, lses), match)
+
+
+def test_merge_fake_applies_the_cuda_rules():
+    # Fake CUDA tensors need no GPU: float64 partials are for the CPU definition only.
+    with FakeTensorMode():
+        outs, lses = torch.randn(2, 1, 4, 2, 16, device="cuda"), torch.randn(2, 1, 2, 4, device="cuda")
+        out, lse = MERGE(outs, lses)
+        assert out.device == outs.device and lse.dtype == torch.float32
+        with pytest.raises(RuntimeError, match=r"outs has dtype float64; expected float32, float16 or bfloat16"):
+            MERGE(outs.double(), lses.double())
+        with pytest.raises(RuntimeError, match=r"lses is on cpu but outs is on cuda:0"):
+            MERGE(outs, torch.randn(2, 1, 2, 4))
 
 
 @requires_gpu

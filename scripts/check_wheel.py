@@ -30,7 +30,8 @@ def check(path: Path, max_mb: float) -> list[str]:
             problems.append(f"binaries in the wheel: {binaries}; expected exactly fattn/libfattn.so")
         if any(re.search(r"cpython-|abi3|\.pyd$|pypy", n) for n in names):
             problems.append("the wheel holds a Python-version-specific binary")
-        for required in ("fattn/__init__.py", "fattn/api.py", "fattn/_fake.py", "fattn/_autograd.py"):
+        for required in ("fattn/__init__.py", "fattn/attention.py", "fattn/decode.py", "fattn/merge.py",
+                         "fattn/_checks.py", "fattn/ring.py"):
             if required not in names:
                 problems.append(f"missing {required}")
         if "fattn/libfattn.so" in names:

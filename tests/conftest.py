@@ -1,4 +1,5 @@
-import os
+"""Fixtures for every test; what tests share otherwise lives in tests/helpers."""
+
 import sys
 from pathlib import Path
 
@@ -9,9 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # aot_build is a build tool, not part of the installed package: tests import it from the tree.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-HAS_GPU = torch.cuda.is_available()
-requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 
 
 @pytest.fixture(autouse=True)

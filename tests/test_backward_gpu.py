@@ -4,9 +4,8 @@ import pytest
 import torch
 
 import fattn
-from conftest import requires_gpu
 from fattn.reference import attention_reference
-from helpers import make_qkv
+from helpers import check_gradients, grads_of, make_qkv, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -30,13 +29,6 @@ def _cases():
     return cases
 
 
-def _grads(fn, q, k, v, w_out, w_lse):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out, lse = fn(q, k, v)
-    loss = (out.float() * w_out).sum() + (lse.float() * w_lse).sum()
-    return torch.autograd.grad(loss, (q, k, v))
-
-
 def check_backward(case, dtype, causal, layout="contiguous", with_dlse=True, what=""):
     batch, sq, sk, heads, kv_heads, d = case
     q, k, v = make_qkv(batch, sq, sk, heads, kv_heads, d, dtype, "cuda", layout)
@@ -45,23 +37,12 @@ def check_backward(case, dtype, causal, layout="contiguous", with_dlse=True, wha
     w_lse = torch.randn(batch, heads, sq, device="cuda") if with_dlse else torch.zeros(batch, heads, sq, device="cuda")
     if causal and sq > sk:
         w_lse[:, :, : sq - sk] = 0
-    got = _grads(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True), q, k, v, w_out, w_lse)
-    ref = _grads(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.float64),
-                 q.double(), k.double(), v.double(), w_out.double(), w_lse.double())
-    low = _grads(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=dtype), q, k, v, w_out, w_lse)
-    for g, r, l, name in zip(got, ref, low, ("dq", "dk", "dv")):
-        assert g.dtype == dtype and g.shape == r.shape
-        assert not torch.isnan(g).any(), f"{what} {name}: NaN"
-        err = (g.double() - r).abs().max().item()
-        base = (l.double() - r).abs().max().item()
-        # Plus half an ulp of the dtype at the gradient's largest value: the rounding of the
-        # stored gradient (and of dS before its matmul, as in FlashAttention) that no kernel
-        # avoids. On a tensor of a few dozen elements (seqlen 1, one head) torch's own error
-        # is too small a sample to bound it: seen on the H100, dk 4.9e-4 against 2 x 1.8e-4
-        # with |dk| up to ~1 in float16.
-        rounding = 0.5 * torch.finfo(dtype).eps * r.abs().max().item()
-        assert err <= 2 * base + 1e-5 + rounding, (
-            f"{what} {name}: error {err:.3e} > 2 x torch error {base:.3e} + 1e-5 + {rounding:.3e}")
+    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True), q, k, v, w_out,
+                   w_lse)
+    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.float64),
+                   q.double(), k.double(), v.double(), w_out.double(), w_lse.double())
+    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=dtype), q, k, v, w_out, w_lse)
+    check_gradients(got, ref, low, dtype, what=what)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,4 +1,5 @@
-"""Every bad-input rule raises a clear error naming the argument, before any launch.
+"""Every bad-input rule of the attention forward raises a clear error naming the argument,
+before any launch, and the op's fake raises the same one (torch.compile sees that error).
 
 Validation is shared by the CPU and CUDA implementations (csrc/ops/attention_inputs.cpp),
 so CPU tensors exercise it here; test_forward_gpu.py checks the CUDA-only rules.
@@ -6,9 +7,11 @@ so CPU tensors exercise it here; test_forward_gpu.py checks the CUDA-only rules.
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
 from fattn._library import pick_arch
+from helpers import FORWARD, check_fake_raises_like_op
 
 
 def qkv(b=2, sq=8, sk=8, h=4, hk=2, d=32, dtype=torch.float16):
@@ -16,9 +19,10 @@ def qkv(b=2, sq=8, sk=8, h=4, hk=2, d=32, dtype=torch.float16):
             torch.randn(b, sk, hk, d, dtype=dtype))
 
 
-def expect(match, q, k, v, **kw):
+def expect(match, q, k, v, softmax_scale=None):
     with pytest.raises(RuntimeError, match=match):
-        fattn.flash_attn_func(q, k, v, **kw)
+        fattn.flash_attn_func(q, k, v, softmax_scale=softmax_scale)
+    check_fake_raises_like_op(FORWARD, (q, k, v, softmax_scale, False, False), match)
 
 
 def test_wrong_dtype():
@@ -81,6 +85,19 @@ def test_batch_mismatch():
 def test_non_finite_softmax_scale():
     q, k, v = qkv()
     expect(r"softmax_scale must be a finite number", q, k, v, softmax_scale=float("nan"))
+
+
+def test_fake_applies_the_cuda_rules():
+    # Fake CUDA tensors need no GPU. The op's own errors for these inputs are pinned by
+    # test_forward_gpu.py's test_bad_input_cuda_rules.
+    with FakeTensorMode():
+        q, k, v = (torch.randn(1, 8, 2, 64, dtype=torch.float16, device="cuda") for _ in range(3))
+        out, lse = FORWARD(q, k, v, None, False, False)
+        assert out.device == q.device and lse.dtype == torch.float32
+        with pytest.raises(RuntimeError, match=r"k is on cpu but q is on cuda:0"):
+            FORWARD(q, torch.randn(1, 8, 2, 64, dtype=torch.float16), v, None, False, False)
+        with pytest.raises(RuntimeError, match=r"q has dtype float32; expected float16 or bfloat16$"):
+            FORWARD(q.float(), k.float(), v.float(), None, False, False)
 
 
 def test_gpu_without_cubin_is_refused_by_the_arch_rule():

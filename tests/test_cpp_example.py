@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import check_stable_abi
+
 ROOT = Path(__file__).resolve().parent.parent
 BATCH, PROMPT, STEPS = 2, 37, 5  # as in examples/cpp/main.cpp
 PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES, APPEND_QUERIES = 16, 3, 8, 16  # its paged KV cache
@@ -83,25 +85,6 @@ def test_install_tree_is_a_cmake_package(cpp_build):
 
 
 def test_library_keeps_to_the_stable_abi(cpp_build):
-    # The same contract as the pip build's library (tests/test_library.py): torch_cpu is the
-    # only torch library linked (no cudart: the driver is opened at run time), and every
-    # symbol taken from torch is one that torch 2.11 exports.
+    # The same contract as the pip build's library (tests/test_library.py).
     _, out = cpp_build
-    library = str(out / "cmake-install" / "lib" / "libfattn.so")
-    dynamic = subprocess.run(["readelf", "-d", library], capture_output=True, text=True, check=True).stdout
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", dynamic)
-    assert "libtorch_cpu.so" in needed
-    assert not any(n.startswith(("libcudart", "libcuda.", "libtorch_cuda", "libc10", "libtorch_python", "libtorch."))
-                   for n in needed), needed
-    exports = set((ROOT / "tests" / "data" / "torch_2_11_exports.txt").read_text().split())
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", library], capture_output=True, text=True,
-                               check=True).stdout
-    foreign = []
-    for line in undefined.splitlines():
-        kind, name = line.split()[-2:]
-        base, _, version = name.partition("@")
-        if kind.lower() == "w" or version.startswith(("GLIBC_", "GLIBCXX_", "CXXABI_", "GCC_")):
-            continue
-        if base not in exports:
-            foreign.append(name)
-    assert not foreign, f"symbols torch 2.11 does not export: {foreign}"
+    check_stable_abi(out / "cmake-install" / "lib" / "libfattn.so")

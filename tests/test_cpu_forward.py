@@ -1,10 +1,10 @@
-"""The CPU implementation (the op's semantic reference), fake tensors, opcheck and torch.compile."""
+"""The CPU implementation (the op's semantic reference) and torch.compile; opcheck and the
+fake run on the shared samples (test_op_samples.py)."""
 
 import math
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
 from fattn.reference import attention_reference
@@ -77,26 +77,6 @@ def test_zero_length_sequences():
     q, k, v = make_qkv(1, 3, 0, 2, 2, 16, torch.float32, "cpu")
     out, lse = fattn.flash_attn_func(q, k, v, return_lse=True)
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "strided"])
-def test_fake_matches_real_shapes_and_strides(layout):
-    q, k, v = make_qkv(2, 13, 29, 6, 3, 40, torch.bfloat16, "cpu", layout=layout)
-    real_out, real_lse = torch.ops.fattn.forward(q, k, v, None, True)
-    with FakeTensorMode() as mode:
-        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        fake_out, fake_lse = torch.ops.fattn.forward(fq, fk, fv, None, True)
-    for fake, real in ((fake_out, real_out), (fake_lse, real_lse)):
-        assert fake.shape == real.shape
-        assert fake.stride() == real.stride()
-        assert fake.dtype == real.dtype
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_opcheck_forward(causal):
-    q, k, v = make_qkv(2, 9, 11, 4, 2, 16, torch.float32, "cpu")
-    torch.library.opcheck(torch.ops.fattn.forward.default, (q, k, v, None, causal))
-    torch.library.opcheck(torch.ops.fattn.forward.default, (q, k, v, 0.25, causal))
 
 
 def test_compile_fullgraph_dynamic_no_recompiles():

@@ -2,7 +2,7 @@
 kvcache_reference (skipped without a GPU).
 
 Accuracy is flash-attn's rule: max|fattn - ref64| <= 2 * max|ref_in_q_dtype - ref64| + 1e-5,
-the lse -inf pattern exact and |lse - ref64| <= 5e-3 (check_outputs in test_decode_cpu.py).
+the lse -inf pattern exact and |lse - ref64| <= 5e-3 (check_outputs in tests/helpers/kvcache.py).
 Every call's cache is checked after the in-place append: the new tokens at
 cache_seqlens[b] + i, every other byte of the cache's storage unchanged.
 """
@@ -17,10 +17,7 @@ import pytest
 import torch
 
 import fattn
-from conftest import requires_gpu
-from fattn.reference import kvcache_reference
-from helpers import poison_allocator
-from test_decode_cpu import KVCache, check_outputs, new_tokens, references, seqlens_tensor
+from helpers import KVCache, check_outputs, new_tokens, poison_allocator, references, requires_gpu, seqlens_tensor
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 

@@ -3,15 +3,11 @@
 Run on the device machine before resolving kernel work; see README "GPU tests".
 """
 
-import itertools
-import math
-
 import pytest
 import torch
 
 import fattn
-from conftest import requires_gpu
-from helpers import check_accuracy, make_qkv, poison_allocator
+from helpers import check_accuracy, make_qkv, poison_allocator, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 

@@ -9,41 +9,15 @@ from pathlib import Path
 import pytest
 
 import fattn
+from helpers import check_stable_abi
 
-DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _undefined_symbols(path):
-    out = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True, check=True)
-    symbols = []
-    for line in out.stdout.splitlines():
-        kind, name = line.split()[-2:]
-        if kind.lower() == "w":  # weak: may stay unresolved
-            continue
-        symbols.append(name)
-    return symbols
-
-
-def test_undefined_symbols_are_exported_by_torch_2_11():
-    # tests/data/torch_2_11_exports.txt: the C shim symbols (aoti_torch_*, torch_*) that
-    # torch 2.11's libtorch_cpu.so exports, read off torch 2.11.0+cu130 on the GPU machine.
-    # Anything else we import must be a versioned libc/libstdc++/libgcc symbol.
-    exports = set((DATA / "torch_2_11_exports.txt").read_text().split())
-    missing = []
-    for name in _undefined_symbols(fattn.library_path()):
-        base, _, version = name.partition("@")
-        if version.startswith(("GLIBC_", "GLIBCXX_", "CXXABI_", "GCC_")):
-            continue
-        if base not in exports:
-            missing.append(name)
-    assert not missing, f"symbols torch 2.11 does not export: {missing}"
-
-
-def test_library_needs_no_cuda_runtime_or_torch_cxx_libraries():
-    out = subprocess.run(["readelf", "-d", str(fattn.library_path())], capture_output=True, text=True, check=True)
-    needed = [line.split("[")[1].rstrip("]") for line in out.stdout.splitlines() if "(NEEDED)" in line]
-    assert not any(n.startswith(("libcudart", "libcuda.", "libtorch_cuda", "libc10", "libtorch_python")) for n in needed), needed
+def test_library_keeps_to_the_stable_abi():
+    # Links torch_cpu and no CUDA runtime or torch C++ library; takes only symbols torch
+    # 2.11 exports, so one build serves every torch from 2.11 on.
+    check_stable_abi(fattn.library_path())
 
 
 def test_import_and_run_without_triton():

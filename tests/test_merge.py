@@ -1,12 +1,13 @@
-"""fattn.merge_attention_states: attention over key chunks, merged, equals attention over all keys."""
+"""fattn.merge_attention_states: attention over key chunks, merged, equals attention over all keys.
+opcheck and the fake run on the shared samples (test_op_samples.py)."""
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
-from conftest import requires_gpu
 from fattn.reference import attention_reference
-from helpers import make_qkv
+from helpers import MERGE, check_fake_raises_like_op, expected_lse_dtype, make_qkv, requires_gpu
 
 
 def _chunked(q, k, v, bounds, causal=False, dtype=None):
@@ -15,7 +16,7 @@ def _chunked(q, k, v, bounds, causal=False, dtype=None):
     for a, b in bounds:
         out, lse = attention_reference(q, k[:, a:b], v[:, a:b], None, False, dtype=torch.float64)
         outs.append(out.to(dtype or q.dtype))
-        lses.append(lse.to(torch.float64 if (dtype or q.dtype) == torch.float64 else torch.float32))
+        lses.append(lse.to(expected_lse_dtype(dtype or q.dtype)))
     return outs, lses
 
 
@@ -42,13 +43,6 @@ def test_minus_inf_partials_are_ignored_even_with_garbage_outputs():
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
-def test_merge_opcheck_and_fake():
-    outs = torch.randn(3, 2, 5, 4, 16)
-    lses = torch.randn(3, 2, 4, 5)
-    lses[1, 0, 2, 3] = float("-inf")
-    torch.library.opcheck(torch.ops.fattn.merge_attention_states.default, (outs, lses))
-
-
 def test_merge_compiles_fullgraph():
     f = torch.compile(lambda o, l: fattn.merge_attention_states(o, l), fullgraph=True, dynamic=True)
     for s in (5, 9, 13):
@@ -67,8 +61,19 @@ def test_merge_compiles_fullgraph():
 ])
 def test_merge_bad_input(bad, match):
     outs, lses = torch.randn(2, 1, 4, 2, 16), torch.randn(2, 1, 2, 4)
-    with pytest.raises(RuntimeError, match=match):
-        torch.ops.fattn.merge_attention_states(*bad(outs, lses))
+    check_fake_raises_like_op(MERGE, bad(outs, lses), match)
+
+
+def test_merge_fake_applies_the_cuda_rules():
+    # Fake CUDA tensors need no GPU: float64 partials are for the CPU definition only.
+    with FakeTensorMode():
+        outs, lses = torch.randn(2, 1, 4, 2, 16, device="cuda"), torch.randn(2, 1, 2, 4, device="cuda")
+        out, lse = MERGE(outs, lses)
+        assert out.device == outs.device and lse.dtype == torch.float32
+        with pytest.raises(RuntimeError, match=r"outs has dtype float64; expected float32, float16 or bfloat16"):
+            MERGE(outs.double(), lses.double())
+        with pytest.raises(RuntimeError, match=r"lses is on cpu but outs is on cuda:0"):
+            MERGE(outs, torch.randn(2, 1, 2, 4))
 
 
 @requires_gpu

@@ -8,8 +8,10 @@ from ._library import build_info, library_path, load_library
 
 load_library()
 
-from . import _autograd, _fake  # noqa: E402,F401  (register fake implementations and autograd)
-from .api import flash_attn_func, flash_attn_with_kvcache, merge_attention_states  # noqa: E402
+# One module per op family, each holding its public function, its op's fake and autograd.
+from .attention import flash_attn_func  # noqa: E402
+from .decode import flash_attn_with_kvcache  # noqa: E402
+from .merge import merge_attention_states  # noqa: E402
 from . import ring  # noqa: E402
 from .ring import ring_flash_attn_func  # noqa: E402
 

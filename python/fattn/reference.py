@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from ._checks import lse_dtype
+
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix."""
@@ -30,7 +32,7 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     # lse follows fattn's contract: float32, float64 for float64 inputs.
-    return out.to(out_dtype), lse.to(torch.float64 if out_dtype == torch.float64 else torch.float32)
+    return out.to(out_dtype), lse.to(lse_dtype(out_dtype))
 
 
 def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
@@ -48,7 +50,6 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     lse float32 (float64 for float64 q) [batch, heads, seqlen_q].
     """
     out_dtype = q.dtype
-    lse_dtype = torch.float64 if out_dtype == torch.float64 else torch.float32
     batch, seqlen_q, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     if heads % kv_heads:
@@ -107,5 +108,5 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
         out = torch.einsum("hgqk,khd->qhgd", probs, values).reshape(seqlen_q, heads, head_dim)
         outs.append(out.to(out_dtype))
-        lses.append(lse.reshape(heads, seqlen_q).to(lse_dtype))
+        lses.append(lse.reshape(heads, seqlen_q).to(lse_dtype(out_dtype)))
     return torch.stack(outs), torch.stack(lses)

@@ -21,6 +21,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ._checks import lse_dtype
+from ._library import load_library
+from .merge import merge_attention_states
+
+load_library()
+_forward_op = torch.ops.fattn.forward.default
+_backward_op = torch.ops.fattn.backward.default
+
 SHARDINGS = ("zigzag", "contiguous")
 
 
@@ -121,8 +129,6 @@ def _wait(handles) -> None:
 
 def _accumulate(acc_out, acc_lse, rows, part_out, part_lse):
     """Merges one partial into the fp32 accumulator rows, in place."""
-    from .api import merge_attention_states
-
     outs = torch.stack([acc_out[:, rows], part_out.to(acc_out.dtype)])
     lses = torch.stack([acc_lse[:, :, rows], part_lse.to(acc_lse.dtype)])
     merged_out, merged_lse = merge_attention_states(outs, lses)
@@ -131,7 +137,7 @@ def _accumulate(acc_out, acc_lse, rows, part_out, part_lse):
 
 
 def _new_accumulator(q):
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     b, n, h, d = q.shape
     out = torch.zeros(b, n, h, d, dtype=acc_dtype, device=q.device)
     lse = torch.full((b, h, n), float("-inf"), dtype=acc_dtype, device=q.device)
@@ -141,7 +147,7 @@ def _new_accumulator(q):
 def _forward_step(acc, q, k, v, step: _Step | None, softmax_scale):
     if step is None:
         return
-    part_out, part_lse = torch.ops.fattn.forward(
+    part_out, part_lse = _forward_op(
         q[:, step.q_rows], k[:, step.kv_rows], v[:, step.kv_rows], softmax_scale, step.causal, False)
     _accumulate(acc[0], acc[1], step.q_rows, part_out, part_lse)
 
@@ -156,11 +162,11 @@ def _ring_forward(q, k, v, ring: _Ring, causal, softmax_scale, sharding):
             _wait(pending[1])
             k, v = pending[0]
     out, lse = acc
-    return out.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
 def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, causal, softmax_scale, sharding, deterministic):
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     dq = torch.zeros_like(q, dtype=acc_dtype)
     dkv_pending = None
     for i in range(ring.world):
@@ -171,7 +177,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, causal, softmax_s
         dv = torch.zeros_like(v, dtype=acc_dtype)
         if step is not None:
             r, c = step.q_rows, step.kv_rows
-            dq_p, dk_p, dv_p = torch.ops.fattn.backward(
+            dq_p, dk_p, dv_p = _backward_op(
                 dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
                 None if dlse is None else dlse[:, :, r], softmax_scale, step.causal, deterministic)
             dq[:, r] += dq_p
@@ -276,4 +282,4 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
             _forward_step(accs[r], qs[r], ks[source], vs[source], step, softmax_scale)
     out = unshard([a[0].to(q.dtype) for a in accs], sharding)
     lse = unshard([a[1] for a in accs], sharding, dim=2)
-    return (out, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)) if return_lse else out
+    return (out, lse.to(lse_dtype(q.dtype))) if return_lse else out

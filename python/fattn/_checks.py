@@ -1,0 +1,114 @@
+"""Rules every op family shares: the dtype of lse, and the input checks that the fakes run.
+
+A fake stands in for its C++ op under torch.compile and FakeTensor tracing, where the op
+itself never runs: it raises the op's own error (same text) for every rule that shapes,
+dtypes and devices decide. Rules that need the values of a tensor (cache_seqlens, a block
+table) stay with the op.
+
+Checks compare sizes with plain Python operators so that symbolic sizes become guards of
+the compiled graph, and skip float arguments that are symbolic rather than specialise them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+MAX_HEAD_DIM = 256
+
+_DTYPE_NAMES = {
+    torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
+    torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+# Meta tensors carry no data on any backend: they pass the device rules, so that shape
+# inference on the meta device keeps working through the fakes.
+_DEVICE_TYPES = ("cpu", "cuda", "meta")
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """lse's dtype for inputs of `dtype`: float32, except float64 inputs (CPU only), whose lse
+    stays float64 so that gradients through it can be checked by finite differences."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def fail(op: str, *parts) -> None:
+    raise RuntimeError(f"{op}: " + "".join(str(p) for p in parts))
+
+
+def shape_of(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def device_name(t: torch.Tensor) -> str:
+    device = t.device
+    if device.type == "cuda":
+        return f"cuda:{device.index}"
+    if device.type in _DEVICE_TYPES:
+        return device.type
+    return "a device other than cpu or cuda"
+
+
+def check_rank(op: str, name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        fail(op, name, f" must be a {rank}-D tensor {layout}, got shape ", shape_of(t))
+    if t.device.type not in _DEVICE_TYPES:
+        fail(op, name, " must be a CUDA or CPU tensor")
+
+
+def check_same_device(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, hint: str = "") -> None:
+    if device_name(t) != device_name(ref):
+        fail(op, name, " is on ", device_name(t), " but ", ref_name, " is on ", device_name(ref), hint)
+
+
+def check_same_dtype(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, hint: str = "") -> None:
+    if t.dtype != ref.dtype:
+        fail(op, name, " has dtype ", dtype_name(t.dtype), " but ", ref_name, " has ", dtype_name(ref.dtype), hint)
+
+
+def check_attention_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    """float16/bfloat16 anywhere; float32/float64 also on CPU, where the reference implementations run."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return
+    on_cpu = t.device.type == "cpu"
+    if t.dtype in (torch.float32, torch.float64) and (on_cpu or t.device.type == "meta"):
+        return
+    fail(op, name, " has dtype ", dtype_name(t.dtype), "; expected float16 or bfloat16",
+         " (or float32/float64 on CPU)" if on_cpu else "")
+
+
+def check_last_dim_contiguous(op: str, name: str, t: torch.Tensor, hint: str = "") -> None:
+    stride = t.stride(-1)
+    if stride != 1:
+        fail(op, name, " must have a contiguous last dim (stride 1), got stride ", stride, hint)
+
+
+def check_index_tensor(op: str, name: str, t: torch.Tensor, rank: int, q: torch.Tensor) -> None:
+    """int32, `rank`-D, on q's device: lengths and block tables."""
+    if t.dtype != torch.int32:
+        fail(op, name, " has dtype ", dtype_name(t.dtype), "; expected int32")
+    if t.dim() != rank:
+        fail(op, name, f" must be a {rank}-D tensor, got shape ", shape_of(t))
+    check_same_device(op, name, t, "q", q)
+
+
+def check_head_dim(op: str, head_dim) -> None:
+    if head_dim < 8 or head_dim > MAX_HEAD_DIM or head_dim % 8 != 0:
+        fail(op, "head_dim ", head_dim, " is not supported; expected a multiple of 8 from 8 to ", MAX_HEAD_DIM)
+
+
+def check_head_groups(op: str, heads, kv_heads, kv_names: str) -> None:
+    if kv_heads < 1 or heads % kv_heads != 0:
+        fail(op, "q has ", heads, " heads, which is not a multiple of the ", kv_heads, " heads of ", kv_names,
+             " (GQA/MQA needs q heads = group size x kv heads)")
+
+
+def check_finite(op: str, name: str, value) -> None:
+    """A float argument (softmax_scale, softcap) must be finite; symbolic floats are left to the op."""
+    if isinstance(value, (int, float)) and not math.isfinite(value):
+        fail(op, name, " must be a finite number, got ", f"{value:g}")

@@ -1,0 +1,157 @@
+"""Attention forward and backward: flash_attn_func, the fakes of fattn::forward and
+fattn::backward, and the autograd that joins them (registered on the op, so eager mode
+and torch.compile training graphs both differentiate through fattn::backward)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import (
+    check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_last_dim_contiguous,
+    check_rank, check_same_device, check_same_dtype, dtype_name, fail, lse_dtype, shape_of,
+)
+from ._library import load_library
+
+load_library()
+# Bound once: attribute lookups on torch.ops cost more than the call's own Python work.
+_forward_op = torch.ops.fattn.forward.default
+_backward_op = torch.ops.fattn.backward.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+    deterministic: bool = False,
+):
+    """Scaled dot-product attention, FlashAttention-2 style.
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim], float16 or bfloat16 on CUDA
+           (float32/float64 also accepted on CPU, where a reference implementation runs).
+        k, v: [batch, seqlen_k, kv_heads, head_dim]; heads must be a multiple of
+           kv_heads (GQA/MQA). Any batch/seq/head strides; the last dim contiguous.
+        softmax_scale: multiplies q @ k^T before the softmax; default 1/sqrt(head_dim).
+        causal: mask keys after the query's position, aligned to the bottom-right
+           corner when seqlen_q != seqlen_k (query i sees key j iff
+           j <= i + seqlen_k - seqlen_q). Rows that see no key give 0.
+        return_lse: also return the log-sum-exp of the scaled scores,
+           float32 [batch, heads, seqlen_q] (natural log, -inf for empty rows;
+           float64 for float64 inputs on CPU).
+           It is differentiable: a gradient flowing into lse reaches q and k.
+        deterministic: ask for a bitwise reproducible backward. The current
+           backward kernels use no atomics, so every mode is reproducible.
+
+    Returns:
+        out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse).
+    """
+    if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+    else:
+        # No gradient can flow: skip the Python autograd kernel of register_autograd, which
+        # would only find that out itself and redispatch below autograd.
+        with _below_autograd():
+            out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------- autograd
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:  # only lse was used downstream
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- fakes
+
+class AttentionShape(NamedTuple):
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def check_attention_inputs(op: str, q, k, v, softmax_scale) -> AttentionShape:
+    """The op's checks of q, k, v and softmax_scale, in the op's order."""
+    names, tensors = ("q", "k", "v"), (q, k, v)
+    for name, t in zip(names, tensors):
+        check_rank(op, name, t, 4, "[batch, seqlen, heads, head_dim]")
+    for name, t in zip(names[1:], tensors[1:]):
+        check_same_device(op, name, t, "q", q, "; q, k and v must be on one device")
+    check_attention_dtype(op, "q", q)
+    for name, t in zip(names[1:], tensors[1:]):
+        check_same_dtype(op, name, t, "q", q, "; q, k and v must share one dtype")
+    s = AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+    for name, t in zip(names[1:], tensors[1:]):
+        if t.shape[0] != s.batch:
+            fail(op, name, " has batch size ", t.shape[0], " but q has ", s.batch)
+    if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
+        fail(op, "v has shape ", shape_of(v), " but k has ", shape_of(k), "; k and v must agree on seqlen and heads")
+    for name, t in zip(names[1:], tensors[1:]):
+        if t.shape[3] != s.head_dim:
+            fail(op, name, " has head_dim ", t.shape[3], " but q has ", s.head_dim,
+                 "; q, k and v must share one head_dim")
+    check_head_dim(op, s.head_dim)
+    check_head_groups(op, s.heads, s.kv_heads, "k and v")
+    for name, t in zip(names, tensors):
+        check_last_dim_contiguous(op, name, t, "; call .contiguous() first")
+    check_finite(op, "softmax_scale", softmax_scale)
+    return s
+
+
+def _check_backward_inputs(op: str, s: AttentionShape, q, dout, out, lse, dlse) -> None:
+    for name, t in (("dout", dout), ("out", out)):
+        if t.dim() != 4 or tuple(t.shape) != (s.batch, s.seqlen_q, s.heads, s.head_dim):
+            fail(op, name, " has shape ", shape_of(t), " but must match q's shape ", shape_of(q))
+        check_same_device(op, name, t, "q", q)
+        check_same_dtype(op, name, t, "q", q)
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is None:
+            continue
+        if t.dim() != 3 or tuple(t.shape) != (s.batch, s.heads, s.seqlen_q):
+            fail(op, name, " has shape ", shape_of(t), " but must be [batch, heads, seqlen_q] = [",
+                 s.batch, ", ", s.heads, ", ", s.seqlen_q, "]")
+        if t.dtype != lse_dtype(q.dtype):
+            fail(op, name, " has dtype ", dtype_name(t.dtype), "; expected ", dtype_name(lse_dtype(q.dtype)))
+        check_same_device(op, name, t, "q", q)
+
+
+@torch.library.register_fake("fattn::forward")
+def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False):
+    s = check_attention_inputs("fattn.forward", q, k, v, softmax_scale)
+    # Both outputs are fresh and contiguous, as the op allocates them.
+    out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim))
+    lse = q.new_empty((s.batch, s.heads, s.seqlen_q), dtype=lse_dtype(q.dtype))
+    return out, lse
+
+
+@torch.library.register_fake("fattn::backward")
+def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
+    op = "fattn.backward"
+    s = check_attention_inputs(op, q, k, v, softmax_scale)
+    _check_backward_inputs(op, s, q, dout, out, lse, dlse)
+    # Fresh contiguous gradients shaped like q, k and v.
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -1,0 +1,177 @@
+"""Decoding over a KV cache: flash_attn_with_kvcache and the fake of fattn::decode.
+Inference only: fattn::decode has no autograd."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import (
+    check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_index_tensor,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, fail, lse_dtype, shape_of,
+)
+from ._library import load_library
+
+load_library()
+_decode_op = torch.ops.fattn.decode.default
+
+MAX_QUERIES = 16  # query tokens per sequence (speculative decoding)
+MAX_SPLITS = 256
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | int | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    return_lse: bool = False,
+):
+    """Attention of a few new query tokens over a KV cache (flash decoding), in
+    flash-attn's conventions. Inference only (no autograd).
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim] with 1 <= seqlen_q <= 16 (speculative
+           decoding), float16 or bfloat16 on CUDA.
+        k_cache, v_cache: [batch, capacity, kv_heads, head_dim], or with block_table a
+           paged cache [num_pages, page_size, kv_heads, head_dim] (page_size a multiple
+           of 16). Updated in place when k/v are given.
+        k, v: optional new tokens [batch, seqlen_new, kv_heads, head_dim], written into the
+           cache at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before
+           attending. cache_seqlens itself is not advanced: that is the caller's job.
+        cache_seqlens: int32 [batch] (or an int for every sequence): keys already in each
+           sequence's cache. None means every sequence fills its cache.
+        block_table: int32 [batch, pages_per_seq]: key j of sequence b lives in page
+           block_table[b, j // page_size] at slot j % page_size.
+        softmax_scale: default 1/sqrt(head_dim).
+        causal: query t sees key j iff j <= t + seqlen_k - seqlen_q (bottom-right), the
+           same as window_size=(left, 0).
+        window_size: (left, right) sliding window; -1 is unbounded on that side.
+        softcap: if > 0, scores become softcap * tanh(scores / softcap).
+        num_splits: split-K chunks per sequence on CUDA; 0 picks them from the shapes and
+           the SM count. The grid never depends on cache_seqlens' values, so a decode step
+           can be captured in a CUDA graph and replayed with new lengths.
+        return_lse: also return lse, float32 [batch, heads, seqlen_q].
+
+    Returns:
+        out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse). Rows that see
+        no key give out = 0 and lse = -inf.
+
+    On CUDA, an append past a sequence's capacity is dropped and out-of-range
+    block_table entries are not detected (checking either needs the device's values,
+    a host sync); the CPU implementation raises for both.
+    """
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    left, right = window_size
+    out, lse = _decode_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, left, right,
+                          softcap, num_splits)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------- fake
+
+_OP = "fattn.decode"
+_CACHE_LAYOUT = ("[batch, capacity, kv_heads, head_dim] (or [num_pages, page_size, kv_heads, head_dim] "
+                 "with block_table)")
+
+
+def _check_q(q):
+    check_rank(_OP, "q", q, 4, "[batch, seqlen_q, heads, head_dim]")
+    check_attention_dtype(_OP, "q", q)
+    seqlen_q, head_dim = q.shape[1], q.shape[3]
+    if seqlen_q < 1 or seqlen_q > MAX_QUERIES:
+        fail(_OP, "q has seqlen ", seqlen_q, f"; decoding takes 1 to {MAX_QUERIES} query tokens per sequence "
+             "(use flash_attn_func for longer queries)")
+    check_head_dim(_OP, head_dim)
+    check_last_dim_contiguous(_OP, "q", q)
+
+
+def _check_caches(q, k_cache, v_cache):
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_rank(_OP, name, c, 4, _CACHE_LAYOUT)
+        check_same_device(_OP, name, c, "q", q)
+        check_same_dtype(_OP, name, c, "q", q)
+        if c.shape[3] != q.shape[3]:
+            fail(_OP, name, " has head_dim ", c.shape[3], " but q has ", q.shape[3])
+        check_last_dim_contiguous(_OP, name, c)
+    if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        fail(_OP, "v_cache has shape ", shape_of(v_cache), " but k_cache has ", shape_of(k_cache),
+             "; they must have the same shape")
+    check_head_groups(_OP, q.shape[2], k_cache.shape[2], "k_cache and v_cache")
+
+
+def _check_layout(q, k_cache, block_table):
+    """The cache's capacity: keys a sequence can hold."""
+    batch = q.shape[0]
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            fail(_OP, "k_cache has batch size ", k_cache.shape[0], " but q has ", batch,
+                 " (a paged cache needs block_table)")
+        return k_cache.shape[1]
+    check_index_tensor(_OP, "block_table", block_table, 2, q)
+    if block_table.shape[0] != batch:
+        fail(_OP, "block_table has shape ", shape_of(block_table), "; expected [batch, pages_per_seq] with batch ",
+             batch)
+    if block_table.stride(1) != 1:
+        fail(_OP, "block_table must have a contiguous last dim (stride 1)")
+    page_size = k_cache.shape[1]
+    if page_size < 16 or page_size % 16 != 0:
+        fail(_OP, "page_size (k_cache.size(1) with block_table) is ", page_size, "; expected a multiple of 16")
+    return block_table.shape[1] * page_size
+
+
+def _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity):
+    if (k is None) != (v is None):
+        fail(_OP, "k is given but v is not" if k is not None else "v is given but k is not",
+             "; pass both new keys and new values, or neither")
+    if k is not None:
+        batch, kv_heads, head_dim = q.shape[0], k_cache.shape[2], q.shape[3]
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != kv_heads or t.shape[3] != head_dim:
+                fail(_OP, name, " has shape ", shape_of(t), "; expected [batch, seqlen_new, kv_heads, head_dim] = [",
+                     batch, ", seqlen_new, ", kv_heads, ", ", head_dim, "]")
+            check_same_device(_OP, name, t, "q", q)
+            check_same_dtype(_OP, name, t, "q", q)
+            check_last_dim_contiguous(_OP, name, t)
+        if v.shape[1] != k.shape[1]:
+            fail(_OP, "v has ", v.shape[1], " new tokens but k has ", k.shape[1])
+        if k.shape[1] > capacity:
+            fail(_OP, "k has ", k.shape[1], " new tokens, more than the cache holds (capacity ", capacity, ")")
+        if cache_seqlens is None:
+            fail(_OP, "k and v are given but cache_seqlens is not: it says where the new tokens go")
+    if cache_seqlens is not None:
+        check_index_tensor(_OP, "cache_seqlens", cache_seqlens, 1, q)
+        if cache_seqlens.shape[0] != q.shape[0]:
+            fail(_OP, "cache_seqlens has shape ", shape_of(cache_seqlens), "; expected [batch] = [", q.shape[0], "]")
+
+
+def _check_scalars(softmax_scale, softcap, num_splits):
+    check_finite(_OP, "softmax_scale", softmax_scale)
+    if isinstance(softcap, (int, float)) and not (softcap >= 0 and math.isfinite(softcap)):
+        fail(_OP, "softcap must be a finite number >= 0 (0 disables it), got ", f"{softcap:g}")
+    if num_splits < 0 or num_splits > MAX_SPLITS:
+        fail(_OP, "num_splits is ", num_splits, f"; expected 0 (automatic) or 1 to {MAX_SPLITS}")
+
+
+@torch.library.register_fake("fattn::decode")
+def _decode_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None,
+                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0):
+    _check_q(q)
+    _check_caches(q, k_cache, v_cache)
+    capacity = _check_layout(q, k_cache, block_table)
+    _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity)
+    _check_scalars(softmax_scale, softcap, num_splits)
+    # The append mutates the caches in place (declared in the schema); the outputs are
+    # fresh and contiguous.
+    batch, seqlen_q, heads, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, heads, head_dim))
+    return out, q.new_empty((batch, heads, seqlen_q), dtype=lse_dtype(q.dtype))

@@ -1,0 +1,27 @@
+"""The one place for what the tests share; test modules import from here, never from
+one another.
+
+common: devices, random q/k/v, the contract's lse dtype, the accuracy rules;
+kvcache: KV caches in every layout and decode's accuracy rule;
+samples: one sample_inputs generator per op, and running an op on fake tensors;
+library: the stable-ABI contract of a built libfattn.so.
+"""
+
+from .common import (
+    HAS_GPU, check_accuracy, check_gradients, device_dtype_params, expected_lse_dtype, grads_of, make_qkv,
+    poison_allocator, requires_gpu,
+)
+from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, references, run_decode, seqlens_tensor
+from .library import check_stable_abi
+from .samples import (
+    BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
+    check_fake_raises_like_op, decode_samples, forward_samples, merge_samples,
+)
+
+__all__ = [
+    "BACKWARD", "CACHE_LAYOUTS", "DECODE", "FORWARD", "HAS_GPU", "KVCache", "MERGE", "OPS",
+    "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
+    "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
+    "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
+    "poison_allocator", "references", "requires_gpu", "run_decode", "seqlens_tensor",
+]

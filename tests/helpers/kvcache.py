@@ -1,0 +1,165 @@
+"""KV caches for the decode tests: random caches in every layout (contiguous or paged;
+contiguous, fused or transposed storage), the expected in-place append, and the accuracy
+rule of decode's outputs against the float64 kvcache_reference."""
+
+from __future__ import annotations
+
+import torch
+
+import fattn
+from fattn.reference import kvcache_reference
+
+from .common import expected_lse_dtype
+
+CACHE_LAYOUTS = ("contiguous", "fused", "transposed")
+
+
+class KVCache:
+    """A random KV cache, contiguous [batch, capacity, kv_heads, d] or paged
+    [num_pages, page_size, kv_heads, d] with a shuffled block_table, stored in one of
+    CACHE_LAYOUTS:
+      contiguous: k_cache and v_cache are their own contiguous tensors;
+      fused: both are views of one [.., .., 2 * kv_heads, d + 8] buffer (padded rows, head and
+             token strides that are not the views' own sizes);
+      transposed: each is the transpose of a [.., .., kv_heads, d] buffer stored token-major
+             (dim 0 stride smaller than dim 1's).
+    `bases` are the tensors that own the memory: the append must change nothing else in them.
+    """
+
+    def __init__(self, batch, capacity, kv_heads, head_dim, dtype, device, page_size=None,
+                 layout="contiguous", spare_pages=3):
+        self.batch, self.kv_heads, self.head_dim = batch, kv_heads, head_dim
+        self.page_size, self.layout = page_size, layout
+        if page_size is None:
+            lead = (batch, capacity)
+            self.block_table = None
+            self.capacity = capacity
+        else:
+            pages_per_seq = -(-capacity // page_size)
+            num_pages = batch * pages_per_seq + spare_pages
+            lead = (num_pages, page_size)
+            perm = torch.randperm(num_pages, device=device)[: batch * pages_per_seq]
+            self.block_table = perm.view(batch, pages_per_seq).to(torch.int32)
+            self.capacity = pages_per_seq * page_size
+        if layout == "contiguous":
+            self.bases = [torch.randn(*lead, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(2)]
+        elif layout == "fused":
+            self.bases = [torch.randn(*lead, 2 * kv_heads, head_dim + 8, dtype=dtype, device=device)]
+        elif layout == "transposed":
+            self.bases = [torch.randn(lead[1], lead[0], kv_heads, head_dim, dtype=dtype, device=device)
+                          for _ in range(2)]
+        else:
+            raise ValueError(layout)
+        self.k_cache, self.v_cache = self.views(self.bases)
+        if layout != "contiguous":
+            assert not self.k_cache.is_contiguous() and not self.v_cache.is_contiguous()
+
+    def views(self, bases):
+        """(k_cache, v_cache) as views of `bases` (this cache's own, or a snapshot of them)."""
+        if self.layout == "contiguous":
+            return bases[0], bases[1]
+        if self.layout == "fused":
+            kv, d = self.kv_heads, self.head_dim
+            return bases[0][:, :, :kv, :d], bases[0][:, :, kv:, 8:]
+        return bases[0].transpose(0, 1), bases[1].transpose(0, 1)
+
+    def snapshot(self):
+        return [b.clone() for b in self.bases]
+
+    def clone(self):
+        """An independent copy (same block_table, copied memory)."""
+        twin = KVCache.__new__(KVCache)
+        twin.__dict__.update(self.__dict__)
+        twin.bases = self.snapshot()
+        twin.k_cache, twin.v_cache = twin.views(twin.bases)
+        return twin
+
+    def slot(self, b, pos):
+        """(index0, index1) of key `pos` of sequence `b` in k_cache / v_cache."""
+        if self.block_table is None:
+            return b, pos
+        return int(self.block_table[b, pos // self.page_size]), pos % self.page_size
+
+    def expected_after_append(self, snapshot, k, v, cache_seqlens):
+        expected = [t.clone() for t in snapshot]
+        if k is not None:
+            k_cache, v_cache = self.views(expected)
+            lengths = [cache_seqlens] * self.batch if isinstance(cache_seqlens, int) else cache_seqlens.tolist()
+            for b in range(self.batch):
+                for i in range(k.shape[1]):
+                    page, row = self.slot(b, lengths[b] + i)
+                    k_cache[page, row] = k[b, i]
+                    v_cache[page, row] = v[b, i]
+        return expected
+
+    def check_append(self, snapshot, k, v, cache_seqlens, what=""):
+        """The cache holds the snapshot with k/v written at cache_seqlens[b] + i, nothing else changed."""
+        expected = self.expected_after_append(snapshot, k, v, cache_seqlens)
+        for got, want in zip(self.bases, expected):
+            if not torch.equal(got, want):
+                changed = (got != want).flatten(-2).any(-1).nonzero()[:8].tolist()
+                raise AssertionError(f"{what}: cache contents differ from the expected append at "
+                                     f"(index0, index1, head) {changed} (first 8)")
+
+
+def new_tokens(batch, seqlen_new, kv_heads, head_dim, dtype, device):
+    if seqlen_new == 0:
+        return None, None
+    return (torch.randn(batch, seqlen_new, kv_heads, head_dim, dtype=dtype, device=device),
+            torch.randn(batch, seqlen_new, kv_heads, head_dim, dtype=dtype, device=device))
+
+
+def references(q, k_cache, v_cache, cache_seqlens, block_table, k, v, **kw):
+    """(float64 out, lse) and the same computation in q's own dtype (the rounding baseline)."""
+    ref_out, ref_lse = kvcache_reference(q.double(), k_cache, v_cache, cache_seqlens, block_table, k=k, v=v, **kw)
+    low_out, _ = kvcache_reference(q, k_cache, v_cache, cache_seqlens, block_table, k=k, v=v, dtype=q.dtype, **kw)
+    return ref_out, ref_lse, low_out
+
+
+def check_outputs(out, lse, q, ref_out, ref_lse, low_out, what=""):
+    """Shapes and dtypes of the contract, then accuracy: float64 tight; other dtypes by
+    flash-attn's rule max|out - ref64| <= 2 * max|ref_in_q_dtype - ref64| + 1e-5 and the
+    -inf pattern and values of lse."""
+    batch, seqlen_q, heads, _ = q.shape
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous(), f"{what}: out layout"
+    assert lse.shape == (batch, heads, seqlen_q) and lse.dtype == expected_lse_dtype(q.dtype), (
+        f"{what}: lse {lse.shape} {lse.dtype}")
+    assert out.device == q.device and lse.device == q.device
+    assert not torch.isnan(out).any(), f"{what}: NaN in out (unwritten or bad math)"
+    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), (
+        f"{what}: lse -inf pattern differs: expected {(~finite).sum().item()} empty rows, "
+        f"got {(~torch.isfinite(lse)).sum().item()}")
+    assert torch.all(lse[~finite] == float("-inf")), f"{what}: empty rows must have lse -inf"
+    assert torch.all(out.transpose(1, 2)[~finite] == 0), f"{what}: rows with no visible key must be 0"
+    err = (out.double() - ref_out).abs().max().item() if out.numel() else 0.0
+    if q.dtype == torch.float64:
+        assert err <= 1e-10, f"{what}: float64 out error {err:.3e}"
+        lse_tol = 1e-10
+    else:
+        base = (low_out.double() - ref_out).abs().max().item()
+        assert err <= 2 * base + 1e-5, f"{what}: out error {err:.3e} > 2 x same-dtype error {base:.3e} + 1e-5"
+        lse_tol = 2e-5 if q.dtype == torch.float32 else 5e-3
+    if finite.any():
+        lse_err = (lse[finite].double() - ref_lse[finite].double()).abs().max().item()
+        assert lse_err <= lse_tol, f"{what}: lse error {lse_err:.3e} > {lse_tol:.0e}"
+    return err
+
+
+def run_decode(q, cache, cache_seqlens, k=None, v=None, what="", num_splits=0, **kw):
+    """Run the op (through the public API), then check out/lse against the reference computed on
+    a snapshot taken before the call, and the cache against the expected append."""
+    snap = cache.snapshot()
+    out, lse = fattn.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, k=k, v=v,
+                                             cache_seqlens=cache_seqlens, block_table=cache.block_table,
+                                             num_splits=num_splits, return_lse=True, **kw)
+    k0, v0 = cache.views(snap)
+    ref_out, ref_lse, low_out = references(q, k0, v0, cache_seqlens, cache.block_table, k, v, **kw)
+    check_outputs(out, lse, q, ref_out, ref_lse, low_out, what=what)
+    cache.check_append(snap, k, v, cache_seqlens, what=what)
+    return out, lse
+
+
+def seqlens_tensor(lengths, device="cpu"):
+    return torch.tensor(lengths, dtype=torch.int32, device=device)

@@ -1,0 +1,154 @@
+"""One sample_inputs generator per op: the calls that opcheck, the fake-vs-real comparison
+and the forward's gradient checks run on every device (tests/test_op_samples.py).
+
+A generator takes (device, dtype) and yields Sample(name, args), args being the op's
+positional arguments in its schema's order, made of fresh random tensors. Shapes stay
+small so that finite differences in float64 stay quick. Together the forward samples
+cover GQA and MQA, seqlen_q above and below seqlen_k, causal rows that see no key,
+strided views, an explicit softmax scale and empty sequences; the backward samples the
+same with and without dlse and with a strided dout; the decode samples every cache
+layout, paging, the append, windows, softcap, split counts and sequences with no key; the
+merge samples partials and rows that saw no key, strided inputs and an empty batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fattn  # noqa: F401  (loads the library that defines torch.ops.fattn)
+
+from .common import expected_lse_dtype, make_qkv
+from .kvcache import KVCache, new_tokens, seqlens_tensor
+
+FORWARD = torch.ops.fattn.forward.default
+BACKWARD = torch.ops.fattn.backward.default
+DECODE = torch.ops.fattn.decode.default
+MERGE = torch.ops.fattn.merge_attention_states.default
+
+
+@dataclass
+class Sample:
+    name: str
+    args: tuple
+
+
+# name, (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim), layout, softmax_scale, causal
+FORWARD_CASES = [
+    ("gqa2", (2, 5, 7, 4, 2, 8), "contiguous", None, False),
+    ("gqa2-causal", (2, 5, 7, 4, 2, 8), "contiguous", None, True),
+    ("sq9-sk4", (1, 9, 4, 2, 2, 8), "contiguous", None, False),
+    ("sq9-sk4-causal-rows-without-keys", (1, 9, 4, 2, 2, 8), "contiguous", None, True),
+    ("mqa-d16", (1, 6, 6, 3, 1, 16), "contiguous", None, False),
+    ("mqa-d16-causal", (1, 6, 6, 3, 1, 16), "contiguous", None, True),
+    ("sq4-sk9", (2, 4, 9, 2, 2, 8), "contiguous", None, False),
+    ("sq4-sk9-causal", (2, 4, 9, 2, 2, 8), "contiguous", None, True),
+    ("scale0.25", (2, 9, 11, 4, 2, 16), "contiguous", 0.25, False),
+    ("scale0.25-causal", (2, 9, 11, 4, 2, 16), "contiguous", 0.25, True),
+    ("strided-scale0.7-causal", (1, 5, 7, 4, 2, 8), "strided", 0.7, True),
+    ("strided-gqa2-d40-causal", (1, 7, 9, 6, 3, 40), "strided", None, True),
+    ("seqlen_q0", (2, 0, 5, 2, 2, 16), "contiguous", None, False),
+    ("seqlen_k0-causal", (1, 3, 0, 2, 2, 16), "contiguous", None, True),
+]
+
+
+def forward_samples(device, dtype, requires_grad=False):
+    """fattn::forward(q, k, v, softmax_scale, causal, deterministic)."""
+    for name, shape, layout, softmax_scale, causal in FORWARD_CASES:
+        q, k, v = make_qkv(*shape, dtype, device, layout=layout)
+        if requires_grad:
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        yield Sample(name, (q, k, v, softmax_scale, causal, False))
+
+
+def backward_samples(device, dtype):
+    """fattn::backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic) at
+    the forward samples' points: dlse given or None, deterministic or not (every pairing), dout
+    strided in every third."""
+    for i, sample in enumerate(forward_samples(device, dtype)):
+        q, k, v, softmax_scale, causal, _ = sample.args
+        out, lse = FORWARD(q, k, v, softmax_scale, causal, False)
+        if i % 3 == 2:
+            batch, seqlen_q, heads, head_dim = out.shape
+            dout = torch.randn(batch, heads, seqlen_q, head_dim, dtype=dtype, device=device).transpose(1, 2)
+        else:
+            dout = torch.randn_like(out)
+        dlse = torch.randn_like(lse) if i % 2 == 0 else None
+        name = f"{sample.name}-{'dlse' if dlse is not None else 'no-dlse'}{'-strided-dout' if i % 3 == 2 else ''}"
+        yield Sample(name, (dout, q, k, v, out, lse, dlse, softmax_scale, causal, i % 4 < 2))
+
+
+# name, page_size (None: contiguous cache), storage layout, new tokens, cache_seqlens (None:
+# whole cache), options; q is [2, 3, 4, 16] over a cache of capacity 40 with 2 kv heads.
+DECODE_CASES = [
+    ("contiguous", None, "contiguous", 0, [5, 33], {}),
+    ("contiguous-append3", None, "contiguous", 3, [5, 33], {}),
+    ("paged16", 16, "contiguous", 0, [5, 33], {}),
+    ("paged16-append3", 16, "contiguous", 3, [5, 33], {}),
+    ("fused-append3", None, "fused", 3, [5, 33], {}),
+    ("fused-paged16-append3", 16, "fused", 3, [5, 33], {}),
+    ("transposed-paged16-append1-splits3", 16, "transposed", 1, [0, 30], dict(num_splits=3)),
+    ("fused-paged16-append3-window-softcap-scale", 16, "fused", 3, [5, 33],
+     dict(softmax_scale=0.3, causal=False, window=(6, 2), softcap=1.5)),
+    ("whole-cache", 16, "contiguous", 0, None, {}),
+    ("empty-sequence-right-window", None, "contiguous", 0, [0, 2], dict(causal=False, window=(-1, 0))),
+]
+
+
+def decode_samples(device, dtype):
+    """fattn::decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+    window_left, window_right, softcap, num_splits); the caches are the sample's own."""
+    for name, page_size, layout, seqlen_new, lengths, options in DECODE_CASES:
+        q = torch.randn(2, 3, 4, 16, dtype=dtype, device=device)
+        cache = KVCache(2, 40, 2, 16, dtype, device, page_size=page_size, layout=layout)
+        k, v = new_tokens(2, seqlen_new, 2, 16, dtype, device)
+        cache_seqlens = None if lengths is None else seqlens_tensor(lengths, device)
+        window = options.get("window", (-1, -1))
+        yield Sample(name, (q, cache.k_cache, cache.v_cache, k, v, cache_seqlens, cache.block_table,
+                            options.get("softmax_scale"), options.get("causal", True), window[0], window[1],
+                            options.get("softcap", 0.0), options.get("num_splits", 0)))
+
+
+def merge_samples(device, dtype):
+    """fattn::merge_attention_states(outs, lses) with partials of `dtype`."""
+    def partials(splits, batch, seqlen_q, heads, head_dim):
+        outs = torch.randn(splits, batch, seqlen_q, heads, head_dim, device=device).to(dtype)
+        lses = (3 * torch.randn(splits, batch, heads, seqlen_q, device=device)).to(expected_lse_dtype(dtype))
+        return outs, lses
+
+    outs, lses = partials(3, 2, 5, 4, 16)
+    lses[1, 0, 2, 3] = float("-inf")
+    yield Sample("3splits-one-partial-saw-no-key", (outs, lses))
+    yield Sample("1split", partials(1, 1, 3, 2, 8))
+    outs, lses = partials(4, 2, 7, 3, 32)
+    lses[:, 1, 2, 4] = float("-inf")  # a row no partial saw
+    outs[:, 1, 4, 2] = float("nan")   # what a partial that saw no key may hold
+    yield Sample("a-row-no-partial-saw", (outs, lses))
+    outs, lses = partials(2, 1, 6, 2, 24)
+    yield Sample("strided", (outs[..., :16], lses.transpose(2, 3).contiguous().transpose(2, 3)))
+    yield Sample("seqlen_q0", partials(2, 1, 0, 2, 8))
+
+
+SAMPLE_INPUTS = {"forward": forward_samples, "backward": backward_samples, "decode": decode_samples,
+                 "merge": merge_samples}
+OPS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE, "merge": MERGE}
+
+
+def call_with_fakes(op, args):
+    """`op` on fake copies of `args`: what its fake returns (or raises) under torch.compile."""
+    with FakeTensorMode() as mode:
+        return op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def check_fake_raises_like_op(op, args, match=None):
+    """The op raises for `args` (matching `match`), and its fake raises the same error. Only the
+    first clause of the message must agree: the hint after '; ' is the op's to word."""
+    with pytest.raises(RuntimeError, match=match) as real:
+        op(*args)
+    with pytest.raises(RuntimeError) as fake:
+        call_with_fakes(op, args)
+    want, got = str(real.value).split("; ")[0], str(fake.value).split("; ")[0]
+    assert got == want, f"the fake raised {str(fake.value)!r}, the op {str(real.value)!r}"

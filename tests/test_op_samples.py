@@ -1,0 +1,95 @@
+"""Every op on its sample inputs (tests/helpers/samples.py), on the CPU and, where there is
+one, a GPU: torch.library.opcheck, the fake against the real op, and the forward's
+gradients (finite differences in float64 on the CPU, float64 autograd of the reference
+with the 2x rule on a GPU)."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from fattn.reference import attention_reference
+from helpers import (
+    FORWARD, OPS, SAMPLE_INPUTS, call_with_fakes, check_gradients, device_dtype_params, expected_lse_dtype,
+    forward_samples, grads_of, requires_gpu,
+)
+
+OP_NAMES = list(SAMPLE_INPUTS)
+HALF = [torch.float16, torch.bfloat16]
+# The merge also takes float32 partials on CUDA; the other ops' kernels are half precision only.
+CUDA_DTYPES = {op: HALF + ([torch.float32] if op == "merge" else []) for op in OP_NAMES}
+
+
+@contextmanager
+def sample_named(sample):
+    try:
+        yield
+    except Exception as error:
+        raise AssertionError(f"sample {sample.name!r}: {error}") from error
+
+
+def _params(cpu_dtypes):
+    return [pytest.param(op, *p.values, marks=p.marks, id=f"{op}-{p.id}")
+            for op in OP_NAMES for p in device_dtype_params(cpu_dtypes, CUDA_DTYPES[op])]
+
+
+@pytest.mark.parametrize("op,device,dtype", _params([torch.float32, torch.float64]))
+def test_opcheck(op, device, dtype):
+    for sample in SAMPLE_INPUTS[op](device, dtype):
+        with sample_named(sample):
+            torch.library.opcheck(OPS[op], sample.args)
+    if op == "forward":  # again with gradients: the registered autograd, traced and eager
+        for sample in forward_samples(device, dtype, requires_grad=True):
+            with sample_named(sample):
+                torch.library.opcheck(OPS[op], sample.args)
+
+
+@pytest.mark.parametrize("op,device,dtype", _params([torch.float16, torch.bfloat16, torch.float32, torch.float64]))
+def test_fake_matches_real(op, device, dtype):
+    for sample in SAMPLE_INPUTS[op](device, dtype):
+        with sample_named(sample):
+            fakes = call_with_fakes(OPS[op], sample.args)
+            reals = OPS[op](*sample.args)
+            assert len(fakes) == len(reals)
+            for i, (fake, real) in enumerate(zip(fakes, reals)):
+                assert (fake.shape, fake.stride(), fake.dtype, fake.device) == (
+                    real.shape, real.stride(), real.dtype, real.device), f"output {i}"
+            if op != "backward":
+                assert reals[1].dtype == expected_lse_dtype(dtype), "lse dtype"
+
+
+def _finite_lse(softmax_scale, causal, deterministic):
+    def f(q, k, v):
+        out, lse = FORWARD(q, k, v, softmax_scale, causal, deterministic)
+        # Rows that see no key have lse = -inf; finite differences there are NaN.
+        return out, torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    return f
+
+
+def test_forward_gradcheck_cpu():
+    # Gradients into both outputs: lse's gradient (dlse) reaches q and k.
+    for sample in forward_samples("cpu", torch.float64, requires_grad=True):
+        q, k, v, *options = sample.args
+        with sample_named(sample):
+            assert gradcheck(_finite_lse(*options), (q, k, v), eps=1e-6, atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
+def test_forward_gradients_cuda(dtype):
+    for sample in forward_samples("cuda", dtype):
+        q, k, v, softmax_scale, causal, deterministic = sample.args
+        with sample_named(sample):
+            ref_lse = attention_reference(q, k, v, softmax_scale, causal)[1]
+            w_out = torch.randn(q.shape, device="cuda")
+            # lse of rows that see no key is -inf: weight them 0 so the loss stays finite.
+            w_lse = torch.randn(ref_lse.shape, device="cuda").masked_fill(torch.isinf(ref_lse), 0)
+            got = grads_of(lambda q, k, v: FORWARD(q, k, v, softmax_scale, causal, deterministic), q, k, v, w_out,
+                           w_lse)
+            ref = grads_of(lambda q, k, v: attention_reference(q, k, v, softmax_scale, causal), q.double(), k.double(),
+                           v.double(), w_out.double(), w_lse.double())
+            low = grads_of(lambda q, k, v: attention_reference(q, k, v, softmax_scale, causal, dtype=dtype), q, k, v,
+                           w_out, w_lse)
+            check_gradients(got, ref, low, dtype, what=sample.name)

@@ -11,7 +11,6 @@ launchers do. Prints one JSON line per case:
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -24,17 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-from triton.runtime.jit import KernelParam  # noqa: E402
 
 import fattn  # noqa: E402,F401  (loads the library: the CPU op is the reference)
-
-if not hasattr(InterpretedFunction, "params"):
-    # A KernelSpec checks itself against kernel.params, which JITFunction has and the
-    # interpreter's InterpretedFunction (what @triton.jit returns under TRITON_INTERPRET=1)
-    # lacks: derive the same list from the kernel's signature.
-    InterpretedFunction.params = property(lambda self: [
-        KernelParam(i, p, False, False) for i, p in enumerate(inspect.signature(self.fn).parameters.values())])
 
 from triton_src.decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND  # noqa: E402
 from triton_src.spec import tensor_strides  # noqa: E402

@@ -1,7 +1,7 @@
 """Every bad-input rule of the attention forward raises a clear error naming the argument,
 before any launch, and the op's fake raises the same one (torch.compile sees that error).
 
-Validation is shared by the CPU and CUDA implementations (csrc/ops/attention_inputs.cpp),
+Validation is shared by the CPU and CUDA implementations (csrc/attention/attention_shape.cpp),
 so CPU tensors exercise it here; test_forward_gpu.py checks the CUDA-only rules.
 """
 

@@ -53,8 +53,11 @@ def flash_attn_func(
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse).
     """
-    if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if _is_compiling():
+        # Traced graphs differentiate through the op's registered autograd.
         out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+    elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic)
     else:
         # No gradient can flow: skip the Python autograd kernel of register_autograd, which
         # would only find that out itself and redispatch below autograd.
@@ -70,6 +73,9 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    # An output nobody used gets None, not a zero tensor: no allocation, no fill, and the
+    # backward skips the dlse term.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
@@ -81,6 +87,21 @@ def _backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The same forward/backward pair for eager calls: torch's generic wrapper around a
+    registered autograd costs about 150 us of Python per training step at tiny shapes (H100,
+    benchmarks/profile_host.py), a plain autograd.Function a fraction of that."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic):
+        with _below_autograd():
+            output = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+        _setup_context(ctx, (q, k, v, softmax_scale, causal, deterministic), output)
+        return output
+
+    backward = staticmethod(_backward)
 
 
 # ---------------------------------------------------------------- fakes

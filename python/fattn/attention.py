@@ -27,32 +27,87 @@ def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
-    return_lse: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
 ):
-    """Scaled dot-product attention, FlashAttention-2 style.
+    """Scaled dot-product attention, FlashAttention-2 style, with flash-attn 2.8's parameters
+    in flash-attn's order (fattn's own extras are keyword-only, after them).
 
     Args:
         q: [batch, seqlen_q, heads, head_dim], float16 or bfloat16 on CUDA
            (float32/float64 also accepted on CPU, where a reference implementation runs).
         k, v: [batch, seqlen_k, kv_heads, head_dim]; heads must be a multiple of
            kv_heads (GQA/MQA). Any batch/seq/head strides; the last dim contiguous.
+        dropout_p: must be 0.0 for now (dropout is not implemented; > 0 raises).
         softmax_scale: multiplies q @ k^T before the softmax; default 1/sqrt(head_dim).
         causal: mask keys after the query's position, aligned to the bottom-right
            corner when seqlen_q != seqlen_k (query i sees key j iff
            j <= i + seqlen_k - seqlen_q). Rows that see no key give 0.
-        return_lse: also return the log-sum-exp of the scaled scores,
+        window_size, softcap, alibi_slopes: flash-attn's sliding window, score softcap and
+           ALiBi; only their defaults ((-1, -1), 0.0, None) are accepted for now (others raise).
+        deterministic: ask for a bitwise reproducible backward. The current
+           backward kernels use no atomics, so every mode is reproducible.
+        return_attn_probs: return (out, lse, None) as flash-attn does (its third item, the
+           dropout mask, exists only with dropout).
+        return_lse: (keyword) also return the log-sum-exp of the scaled scores,
            float32 [batch, heads, seqlen_q] (natural log, -inf for empty rows;
            float64 for float64 inputs on CPU).
            It is differentiable: a gradient flowing into lse reaches q and k.
-        deterministic: ask for a bitwise reproducible backward. The current
-           backward kernels use no atomics, so every mode is reproducible.
 
     Returns:
-        out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse).
+        out [batch, seqlen_q, heads, head_dim] in q's dtype; (out, lse) with return_lse;
+        (out, lse, None) with return_attn_probs.
     """
+    check_not_yet_supported("flash_attn_func", dropout_p, window_size, softcap, alibi_slopes)
+    out, lse = _attention(q, k, v, softmax_scale, causal, deterministic)
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                              return_lse=False):
+    """flash_attn_func over qkv [batch, seqlen, 3, heads, head_dim] (views, no copy; gradients
+    reach qkv)."""
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                             return_lse=False):
+    """flash_attn_func over q and kv [batch, seqlen_k, 2, kv_heads, head_dim] (views, no copy)."""
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse)
+
+
+def check_not_yet_supported(fn, dropout_p, window_size, softcap, alibi_slopes):
+    """flash-attn's arguments that fattn takes in flash-attn's positions but does not implement
+    yet: anything but their defaults raises instead of being ignored."""
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"fattn.{fn}: dropout_p={dropout_p} is not supported yet; pass 0.0")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"fattn.{fn}: window_size={tuple(window_size)} is not supported yet; "
+                                  "pass (-1, -1)")
+    if softcap != 0.0:
+        raise NotImplementedError(f"fattn.{fn}: softcap={softcap} is not supported yet; pass 0.0")
+    if alibi_slopes is not None:
+        raise NotImplementedError(f"fattn.{fn}: alibi_slopes is not supported yet; pass None")
+
+
+def _attention(q, k, v, softmax_scale, causal, deterministic):
+    """(out, lse) through the cheapest path that keeps gradients right."""
     if _is_compiling():
         # Traced graphs differentiate through the op's registered autograd.
         out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
@@ -63,7 +118,7 @@ def flash_attn_func(
         # would only find that out itself and redispatch below autograd.
         with _below_autograd():
             out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 # ---------------------------------------------------------------- autograd

@@ -76,6 +76,7 @@ def test_compiled_training_step_no_recompiles():
         out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
         return (out.square()).sum() + lse.sum()
 
+    first_compile = None
     for seqlen in (19, 37, 100):
         q, k, v = (t.requires_grad_() for t in make_qkv(1, seqlen, seqlen + 3, 4, 2, 16, torch.float32, "cpu"))
         loss_fn(q, k, v).backward()
@@ -85,7 +86,10 @@ def test_compiled_training_step_no_recompiles():
         ((out.square()).sum() + lse.sum()).backward()
         for g, w in zip(got, (q2.grad, k2.grad, v2.grad)):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
-    assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames"
+        # The first compile may restart its analysis once (dynamo specialises the float
+        # defaults that flash_attn_func compares); new lengths must not compile again.
+        first_compile = first_compile or counter.frame_count
+    assert counter.frame_count == first_compile <= 2, f"recompiled: {counter.frame_count} frames"
 
 
 def _bwd_args():

@@ -2,9 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <exception>
 #include <stdexcept>
-#include <string>
 
 namespace fattn {
 namespace {
@@ -30,16 +30,18 @@ const ThrowFn host_throw = find_host_throw();
 
 const char* run_catching(BoxedKernel boxed, StableIValue* stack, uint64_t num_args,
                          uint64_t num_outputs) noexcept {
-  static thread_local std::string message;
+  // A plain buffer: a thread_local with a destructor would import glibc 2.18's
+  // __cxa_thread_atexit_impl and raise the wheel's manylinux tag for nothing.
+  static thread_local char message[4096];
   try {
     boxed(stack, num_args, num_outputs);
     return nullptr;
   } catch (const std::exception& e) {
-    message = e.what();
+    std::snprintf(message, sizeof(message), "%s", e.what());
   } catch (...) {
-    message = "fattn: unknown C++ exception";
+    std::snprintf(message, sizeof(message), "%s", "fattn: unknown C++ exception");
   }
-  return message.c_str();
+  return message;
 }
 
 void raise_in_host(const char* message) {

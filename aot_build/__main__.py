@@ -58,11 +58,13 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
         raise BuildError("aot_build failed:\n  " + "\n  ".join(errors))
     manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, config, packing)
     fresh = sum(1 for a in results.values() if not a.cached)
+    seconds = time.time() - started
     log(f"aot_build: wrote {out_dir} ({len(variants)} variants, {fresh} compiled, "
         f"{len(variants) - fresh} from cache, blob {manifest['blob_size'] / 2**20:.1f} MiB, "
         f"{sum(len(a.cubin) + len(a.ptx) for a in results.values()) / 2**20:.1f} MiB raw) "
-        f"in {time.time() - started:.1f}s")
-    return manifest
+        f"in {seconds:.1f}s")
+    # The counts are for the caller's summary (setup.py's); manifest.json does not hold them.
+    return {**manifest, "compiled": fresh, "from_cache": len(variants) - fresh, "seconds": seconds}
 
 
 def main(argv=None) -> int:

@@ -171,7 +171,8 @@ class BuildFattn(build_ext):
         chosen = {} if wheel else dev_grid.choose(os.environ, grid.load_config()["archs"], log=say)
         env = {**os.environ, **chosen}
         jobs = int(os.environ.get("FATTN_BUILD_JOBS", os.cpu_count() or 1))
-        kernels = aot_build(GENERATED, jobs=jobs, env=env, log=say)
+        stats = {}
+        kernels = aot_build(GENERATED, jobs=jobs, env=env, log=say, stats=stats)
         import torch
 
         torch_dir = Path(torch.__file__).parent
@@ -186,7 +187,7 @@ class BuildFattn(build_ext):
         built = [objects.paths(src)[0] for src in sources]
         command = link_command(tool.cxx, flags, torch_dir, built, out) + tool.link_options
         self._link(out, {"command": command, "compiler": identity}, built, objects.folder)
-        summary(kernels, len(sources), compiled, tool, out, time.time() - started)
+        summary(kernels, stats, len(sources), compiled, tool, out, time.time() - started)
         if chosen == dev_grid.MINIMAL:
             say(f"fattn: this build holds the minimal kernel set for a machine without a GPU; {dev_grid.HINT}")
 
@@ -225,7 +226,7 @@ def say(message):
     print(message, flush=True)
 
 
-def summary(kernels, num_sources, compiled, tool, library, seconds):
+def summary(kernels, stats, num_sources, compiled, tool, library, seconds):
     """The build's last lines: what it holds, what it cost, what the library needs."""
     from build_support import elf
 
@@ -233,8 +234,8 @@ def summary(kernels, num_sources, compiled, tool, library, seconds):
     buckets = sorted({k["constants"]["BLOCK_D"] for k in kernels["kernels"]})
     needed, _ = elf.dependencies(library)
     say(f"fattn: built in {seconds:.0f}s: {len(kernels['kernels'])} kernel variants for "
-        f"{', '.join(f'sm_{a}' for a in archs)}, head-dim buckets {buckets} ({kernels['compiled']} compiled, "
-        f"{kernels['from_cache']} from cache, {kernels['seconds']:.0f}s); {num_sources} C++ objects "
+        f"{', '.join(f'sm_{a}' for a in archs)}, head-dim buckets {buckets} ({stats['compiled']} compiled, "
+        f"{stats['from_cache']} from cache, {stats['seconds']:.0f}s); {num_sources} C++ objects "
         f"({compiled} compiled) with {tool.name}; {shown(library)} {library.stat().st_size / 2**20:.1f} MiB, "
         f"glibc >= {'.'.join(map(str, elf.glibc_ceiling(library)))}, needs {', '.join(needed)}")
 

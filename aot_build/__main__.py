@@ -22,7 +22,9 @@ def _compile_job(args):
 
 
 def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
-          env: dict | None = None, log=print) -> dict:
+          env: dict | None = None, log=print, stats: dict | None = None) -> dict:
+    """Builds the grid into out_dir and returns its manifest; `stats`, if given, receives
+    the counts of compiled and cached variants and the seconds taken (for a summary)."""
     import triton
 
     config = grid.load_config()
@@ -63,8 +65,9 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
         f"{len(variants) - fresh} from cache, blob {manifest['blob_size'] / 2**20:.1f} MiB, "
         f"{sum(len(a.cubin) + len(a.ptx) for a in results.values()) / 2**20:.1f} MiB raw) "
         f"in {seconds:.1f}s")
-    # The counts are for the caller's summary (setup.py's); manifest.json does not hold them.
-    return {**manifest, "compiled": fresh, "from_cache": len(variants) - fresh, "seconds": seconds}
+    if stats is not None:
+        stats.update(compiled=fresh, from_cache=len(variants) - fresh, seconds=seconds)
+    return manifest
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""Builds fattn: compiles the kernel grid with aot_build, then the C++ library with g++.
+"""Builds fattn: compiles the kernel grid with aot_build, then the C++ library.
 
 The library is a plain shared object (libfattn.so) loaded with torch.ops.load_library,
 built against the LibTorch stable ABI for torch 2.11, so one build serves every
@@ -9,16 +9,20 @@ An object is recompiled when its source, a header its depfile names, or its comm
 line (flags, compiler and the compiler's version) changed; the library is relinked when
 an object changed, its link command changed, or it is missing.
 
-Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (narrow the grid), FATTN_AOT_CACHE
-(kernel cache folder), FATTN_BUILD_JOBS (parallel compiles), FATTN_COMPRESS
-(auto | fatbinary | none), CXX (compiler).
+A wheel holds the full kernel grid and is linked by the portable toolchain (zig c++ for
+glibc 2.28, C++ runtime linked in); a development build (in place or editable) holds
+the kernels of this machine's GPUs, or a minimal set without one, and is linked by g++
+(build_support/ says why).
+
+Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (the grid; `all` for everything),
+FATTN_AOT_CACHE (kernel cache folder), FATTN_BUILD_JOBS (parallel compiles),
+FATTN_COMPRESS (auto | fatbinary | none), FATTN_TOOLCHAIN (zig | gcc), CXX (gcc's compiler).
 """
 
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +37,7 @@ from setuptools.errors import CompileError, LinkError
 ROOT = Path(__file__).resolve().parent
 FLAGS_FILE = ROOT / "build_flags.txt"
 GENERATED = ROOT / "build" / "generated"
-OBJECTS = ROOT / "build" / "obj"
+OBJECTS = ROOT / "build" / "obj"  # one folder per toolchain: switching keeps both builds
 
 
 def read_build_flags(path=FLAGS_FILE):
@@ -59,14 +63,6 @@ def csrc_sources():
 def shown(path):
     path = Path(path)
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-
-
-def compiler_identity(cxx):
-    """The compiler's real path and version line: a different compiler behind the same
-    name (an upgrade, another CXX) must rebuild everything."""
-    found = shutil.which(cxx[0])
-    version = subprocess.run(cxx + ["--version"], capture_output=True, text=True).stdout
-    return [os.path.realpath(found) if found else cxx[0], *version.splitlines()[:1]]
 
 
 def read_depfile(path):
@@ -98,14 +94,14 @@ def stale_reason(target, record_file, record, inputs):
 
 
 class Objects:
-    """One object per source: build/obj/<name>.o, its depfile <name>.o.d and the command
-    line it was compiled with, <name>.o.json."""
+    """One object per source: build/obj/<toolchain>/<name>.o, its depfile <name>.o.d and
+    the command line it was compiled with, <name>.o.json."""
 
-    def __init__(self, cxx, flags, identity, force):
-        self.cxx, self.flags, self.identity, self.force = cxx, flags, identity, force
+    def __init__(self, cxx, flags, identity, force, folder):
+        self.cxx, self.flags, self.identity, self.force, self.folder = cxx, flags, identity, force, folder
 
     def paths(self, src):
-        obj = OBJECTS / (shown(src).replace("/", "_") + ".o")
+        obj = self.folder / (shown(src).replace("/", "_") + ".o")
         return obj, obj.with_name(obj.name + ".d"), obj.with_name(obj.name + ".json")
 
     def command(self, src):
@@ -160,25 +156,40 @@ class BuildFattn(build_ext):
         return os.path.join(*ext_name.split(".")[:-1], "libfattn.so")
 
     def build_extension(self, ext):
+        started = time.time()
         sys.path.insert(0, str(ROOT))
+        from aot_build import grid
         from aot_build.__main__ import build as aot_build
+        from build_support import dev_grid, toolchain
 
+        wheel = not (self.inplace or getattr(self, "editable_mode", False))
+        flags = read_build_flags()
+        try:  # before the kernels: a missing ziglang must not cost minutes first
+            tool = toolchain.choose(flags, wheel)
+        except toolchain.ToolchainError as e:
+            raise CompileError(str(e)) from None
+        chosen = {} if wheel else dev_grid.choose(os.environ, grid.load_config()["archs"], log=say)
+        env = {**os.environ, **chosen}
         jobs = int(os.environ.get("FATTN_BUILD_JOBS", os.cpu_count() or 1))
-        aot_build(GENERATED, jobs=jobs, log=lambda m: print(m, flush=True))
+        stats = {}
+        kernels = aot_build(GENERATED, jobs=jobs, env=env, log=say, stats=stats)
         import torch
 
         torch_dir = Path(torch.__file__).parent
-        flags = read_build_flags()
-        cxx = shlex.split(os.environ.get("CXX", "g++"))
-        identity = compiler_identity(cxx)
-        objects = Objects(cxx, compile_flags(flags, torch_dir), identity, self.force)
+        say(f"fattn: C++ toolchain {tool.describe()}")
+        identity = tool.identity()
+        cflags = compile_flags(flags, torch_dir) + [f'-DFATTN_TOOLCHAIN="{tool.name}"']  # for build_info
+        objects = Objects(tool.cxx, cflags, identity, self.force, OBJECTS / tool.name)
         sources = csrc_sources()
-        OBJECTS.mkdir(parents=True, exist_ok=True)
-        self._compile(objects, sources, jobs)
+        objects.folder.mkdir(parents=True, exist_ok=True)
+        compiled = self._compile(objects, sources, jobs)
         out = Path(self.get_ext_fullpath(ext.name))
         built = [objects.paths(src)[0] for src in sources]
-        command = link_command(cxx, flags, torch_dir, built, out)
-        self._link(out, {"command": command, "compiler": identity}, built)
+        command = link_command(tool.cxx, flags, torch_dir, built, out) + tool.link_options
+        self._link(out, {"command": command, "compiler": identity}, built, objects.folder)
+        summary(kernels, stats, len(sources), compiled, tool, out, time.time() - started)
+        if chosen == dev_grid.MINIMAL:
+            say(f"fattn: this build holds the minimal kernel set for a machine without a GPU; {dev_grid.HINT}")
 
     def _compile(self, objects, sources, jobs):
         stale = [(src, why) for src in sources if (why := objects.why_compile(src))]
@@ -188,16 +199,17 @@ class BuildFattn(build_ext):
 
         def compile_one(item):
             src, why = item
-            print(f"fattn: [{next(started)}/{len(stale)}] {objects.cxx[0]} -c {shown(src)} ({why})", flush=True)
+            print(f"fattn: [{next(started)}/{len(stale)}] compiling {shown(src)} ({why})", flush=True)
             objects.compile(src)
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(compile_one, stale))  # list(): a failed compile raises here
+        return len(stale)
 
-    def _link(self, out, record, objects):
+    def _link(self, out, record, objects, folder):
         # One record for whichever file was linked last: a link to a new place (an editable
         # install's temporary folder) is a changed command line.
-        record_file = OBJECTS / "libfattn.so.json"
+        record_file = folder / "libfattn.so.json"
         why = "forced" if self.force else stale_reason(out, record_file, record, objects)
         if why is None:
             print(f"fattn: {shown(out)} up to date", flush=True)
@@ -210,13 +222,22 @@ class BuildFattn(build_ext):
         print(f"fattn: linked {shown(out)} ({why})", flush=True)
 
 
-def manylinux_tag(library: Path) -> str:
-    """The manylinux platform tag the library really needs: the newest glibc symbol
-    version it imports (read from its dynamic string table)."""
-    data = library.read_bytes()
-    minors = [int(m) for m in re.findall(rb"GLIBC_2\.(\d+)", data)]
-    machine = os.uname().machine
-    return f"manylinux_2_{max(minors, default=17)}_{machine}"
+def say(message):
+    print(message, flush=True)
+
+
+def summary(kernels, stats, num_sources, compiled, tool, library, seconds):
+    """The build's last lines: what it holds, what it cost, what the library needs."""
+    from build_support import elf
+
+    archs = sorted({k["arch"] for k in kernels["kernels"]})
+    buckets = sorted({k["constants"]["BLOCK_D"] for k in kernels["kernels"]})
+    needed, _ = elf.dependencies(library)
+    say(f"fattn: built in {seconds:.0f}s: {len(kernels['kernels'])} kernel variants for "
+        f"{', '.join(f'sm_{a}' for a in archs)}, head-dim buckets {buckets} ({stats['compiled']} compiled, "
+        f"{stats['from_cache']} from cache, {stats['seconds']:.0f}s); {num_sources} C++ objects "
+        f"({compiled} compiled) with {tool.name}; {shown(library)} {library.stat().st_size / 2**20:.1f} MiB, "
+        f"glibc >= {'.'.join(map(str, elf.glibc_ceiling(library)))}, needs {', '.join(needed)}")
 
 
 class WheelForEveryPython(bdist_wheel):
@@ -235,6 +256,8 @@ class WheelForEveryPython(bdist_wheel):
             # Editable installs name their wheel before building anything; the tag
             # of that throwaway wheel does not matter.
             return super().get_tag()
+        from build_support.elf import manylinux_tag
+
         return "py3", "none", manylinux_tag(library)
 
 

@@ -22,7 +22,9 @@ def _compile_job(args):
 
 
 def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
-          env: dict | None = None, log=print) -> dict:
+          env: dict | None = None, log=print, stats: dict | None = None) -> dict:
+    """Builds the grid into out_dir and returns its manifest; `stats`, if given, receives
+    the counts of compiled and cached variants and the seconds taken (for a summary)."""
     import triton
 
     config = grid.load_config()
@@ -58,10 +60,13 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
         raise BuildError("aot_build failed:\n  " + "\n  ".join(errors))
     manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, config, packing)
     fresh = sum(1 for a in results.values() if not a.cached)
+    seconds = time.time() - started
     log(f"aot_build: wrote {out_dir} ({len(variants)} variants, {fresh} compiled, "
         f"{len(variants) - fresh} from cache, blob {manifest['blob_size'] / 2**20:.1f} MiB, "
         f"{sum(len(a.cubin) + len(a.ptx) for a in results.values()) / 2**20:.1f} MiB raw) "
-        f"in {time.time() - started:.1f}s")
+        f"in {seconds:.1f}s")
+    if stats is not None:
+        stats.update(compiled=fresh, from_cache=len(variants) - fresh, seconds=seconds)
     return manifest
 
 

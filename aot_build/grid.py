@@ -55,8 +55,11 @@ def _parse_int_list(text: str, knob: str) -> list[int]:
 
 def selected_archs(config: dict, env: dict | None = None) -> list[int]:
     env = os.environ if env is None else env
-    archs = _parse_int_list(env.get("FATTN_CUDA_ARCHS", DEFAULT_ARCHS), "FATTN_CUDA_ARCHS")
     known = config["archs"]
+    text = env.get("FATTN_CUDA_ARCHS", DEFAULT_ARCHS)
+    if text.strip().lower() == "all":
+        return sorted(known)
+    archs = _parse_int_list(text, "FATTN_CUDA_ARCHS")
     bad = [a for a in archs if a not in known]
     if bad or not archs:
         raise GridError(f"FATTN_CUDA_ARCHS asks for {bad or 'nothing'}; supported archs are {known}")
@@ -67,7 +70,7 @@ def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
     env = os.environ if env is None else env
     buckets = kernel_cfg["head_dim_buckets"]
     text = env.get("FATTN_HEAD_DIMS")
-    if not text:
+    if not text or text.strip().lower() == "all":
         return list(buckets)
     chosen = set()
     for d in _parse_int_list(text, "FATTN_HEAD_DIMS"):

@@ -1,10 +1,12 @@
 // The operator schemas and their CUDA and CPU implementations.
 //
 // Fakes and autograd live beside each op family's Python wrapper in python/fattn,
-// registered with torch.library on import.
+// registered with torch.library on import. FATTN_BOX is TORCH_BOX with errors rethrown
+// through the process's C++ runtime (runtime/host_exception.h says why).
 #include <torch/csrc/stable/library.h>
 
 #include "ops.h"
+#include "runtime/host_exception.h"
 
 STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
@@ -19,15 +21,15 @@ STABLE_TORCH_LIBRARY(fattn, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
-  m.impl("forward", TORCH_BOX(&fattn::forward_cuda));
-  m.impl("backward", TORCH_BOX(&fattn::backward_cuda));
-  m.impl("merge_attention_states", TORCH_BOX(&fattn::merge_cuda));
-  m.impl("decode", TORCH_BOX(&fattn::decode_cuda));
+  m.impl("forward", FATTN_BOX(&fattn::forward_cuda));
+  m.impl("backward", FATTN_BOX(&fattn::backward_cuda));
+  m.impl("merge_attention_states", FATTN_BOX(&fattn::merge_cuda));
+  m.impl("decode", FATTN_BOX(&fattn::decode_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CPU, m) {
-  m.impl("forward", TORCH_BOX(&fattn::forward_cpu));
-  m.impl("backward", TORCH_BOX(&fattn::backward_cpu));
-  m.impl("merge_attention_states", TORCH_BOX(&fattn::merge_cpu));
-  m.impl("decode", TORCH_BOX(&fattn::decode_cpu));
+  m.impl("forward", FATTN_BOX(&fattn::forward_cpu));
+  m.impl("backward", FATTN_BOX(&fattn::backward_cpu));
+  m.impl("merge_attention_states", FATTN_BOX(&fattn::merge_cpu));
+  m.impl("decode", FATTN_BOX(&fattn::decode_cpu));
 }

@@ -20,6 +20,20 @@ def test_library_keeps_to_the_stable_abi():
     check_stable_abi(fattn.library_path())
 
 
+def test_system_needs_match_the_toolchain():
+    # Every build is read the same way (build_support/elf.py, as scripts/check_wheel.py
+    # does); what it may need depends on the toolchain that linked it.
+    from build_support import elf
+
+    library = fattn.library_path()
+    toolchain = fattn.build_info().get("toolchain")
+    ceiling, runtimes = elf.glibc_ceiling(library), elf.compiler_runtimes(library)
+    if toolchain == "zig":  # the portable wheel: manylinux_2_28 at most, no compiler runtime
+        assert ceiling <= (2, 28) and not runtimes, elf.describe(library)
+    elif toolchain == "gcc":  # a development build links the system's libstdc++
+        assert "libstdc++.so.6" in runtimes, elf.describe(library)
+
+
 def test_import_and_run_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"  # any `import triton` now raises ImportError

@@ -6,6 +6,12 @@
 #include "runtime/kernel_index.h"
 #include "runtime/kernel_table.h"
 
+// Which toolchain linked the library (setup.py defines it: zig is the portable one, gcc
+// ties it to its build machine's glibc and libstdc++); a CMake build is the caller's own.
+#ifndef FATTN_TOOLCHAIN
+#define FATTN_TOOLCHAIN "cmake"
+#endif
+
 namespace {
 
 std::string describe_entry(const fattn::runtime::KernelEntry& e) {
@@ -27,7 +33,8 @@ std::string describe_entry(const fattn::runtime::KernelEntry& e) {
 
 std::string describe_table() {
   using namespace fattn::runtime;
-  std::string out = "{\"triton_version\": \"" + std::string(kernel_triton_version()) + "\", \"kernels\": [";
+  std::string out = "{\"triton_version\": \"" + std::string(kernel_triton_version()) +
+                    "\", \"toolchain\": \"" FATTN_TOOLCHAIN "\", \"kernels\": [";
   for (size_t i = 0; i < kernel_table_size(); ++i) out += (i ? ", " : "") + describe_entry(kernel_table()[i]);
   return out + "]}";
 }

@@ -7,6 +7,13 @@ import argparse
 import collections
 import sys
 
+# What build_info()'s "toolchain" means for where the library runs (build_support/toolchain.py).
+TOOLCHAINS = {
+    "zig": "zig c++ (portable: glibc 2.28 or newer, C++ runtime linked in, no libstdc++ needed)",
+    "gcc": "g++ (a development build: needs this build machine's glibc and libstdc++ or newer)",
+    "cmake": "CMake (the C++ caller's own compiler)",
+}
+
 
 def info() -> int:
     import torch
@@ -19,6 +26,8 @@ def info() -> int:
     print(f"fattn {fattn.__version__}  library {fattn.library_path()}")
     print(f"torch {torch.__version__}; kernels compiled by triton {data['triton_version']} "
           f"(triton is not needed at run time)")
+    toolchain = data.get("toolchain", "unknown")
+    print(f"library linked by {TOOLCHAINS.get(toolchain, toolchain)}")
     by_kernel = collections.defaultdict(list)
     for k in kernels:
         by_kernel[k["kernel"]].append(k)

@@ -49,7 +49,9 @@ def merge_rescale(m, chunk_max):
     maximum after a chunk of partials whose largest lse is `chunk_max`, the shift their
     weights exp(lse - shift) use (0 while every partial so far saw no key, so that -inf
     stays -inf and never becomes NaN), and the factor that rescales what was accumulated."""
-    m_new = tl.maximum(m, chunk_max)
+    # NaN propagates (a NaN lse must not pass for "no key"): it reaches shift, so the
+    # weights, the accumulator and the lse all become NaN.
+    m_new = tl.maximum(m, chunk_max, propagate_nan=tl.PropagateNan.ALL)
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
     return m_new, shift, tl.exp(m - shift)
 

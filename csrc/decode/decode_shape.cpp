@@ -104,6 +104,21 @@ void check_new_tokens(const char* op, const Tensor& q, const std::optional<Tenso
   }
 }
 
+// The append writes each cache row once; a cache whose rows alias (an expanded view, stride 0
+// along a dim of size > 1) would be written through several positions at once.
+void check_writable_caches(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
+  const char* names[] = {"k_cache", "v_cache"};
+  const Tensor* caches[] = {&k_cache, &v_cache};
+  for (int i = 0; i < 2; ++i) {
+    for (int64_t d = 0; d < caches[i]->dim(); ++d) {
+      if (caches[i]->size(d) > 1 && caches[i]->stride(d) == 0) {
+        fail(op, names[i], " is an expanded view (stride 0 along dim ", d, "): its rows alias, so the new ",
+             "tokens cannot be appended in place; pass a cache with its own memory");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -116,6 +131,7 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   check_caches(op, q, k_cache, v_cache, s);
   check_pages(op, q, k_cache, block_table, s);
   check_new_tokens(op, q, k, v, cache_seqlens, s);
+  if (k.has_value()) check_writable_caches(op, k_cache, v_cache);
   check_softmax_scale(op, softmax_scale);
   if (!(softcap >= 0) || !std::isfinite(softcap)) {
     fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);

@@ -23,8 +23,17 @@ std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses) {
       for (int64_t i = 0; i < m.seqlen_q; ++i) {
         const int64_t row = (b * m.heads + h) * m.seqlen_q + i;
         double row_max = neg_inf;
-        for (int64_t s = 0; s < m.splits; ++s) row_max = std::max(row_max, L[s * rows + row]);
+        bool nan = false;  // a NaN lse poisons the row: it must not pass for "no key"
+        for (int64_t s = 0; s < m.splits; ++s) {
+          nan = nan || std::isnan(L[s * rows + row]);
+          row_max = std::max(row_max, L[s * rows + row]);
+        }
         double* r = R + ((b * m.seqlen_q + i) * m.heads + h) * m.head_dim;
+        if (nan) {
+          for (int64_t d = 0; d < m.head_dim; ++d) r[d] = std::numeric_limits<double>::quiet_NaN();
+          RL[row] = std::numeric_limits<double>::quiet_NaN();
+          continue;
+        }
         if (row_max == neg_inf) {  // no part saw a key: out stays 0
           RL[row] = neg_inf;
           continue;

@@ -112,3 +112,13 @@ def check_finite(op: str, name: str, value) -> None:
     """A float argument (softmax_scale, softcap) must be finite; symbolic floats are left to the op."""
     if isinstance(value, (int, float)) and not math.isfinite(value):
         fail(op, name, " must be a finite number, got ", f"{value:g}")
+
+
+def window_pair(fn: str, window_size) -> tuple[int, int]:
+    """flash-attn's window_size, a (left, right) pair of ints (-1: unbounded). A bare int is
+    rejected rather than guessed at: (w, w) and (w, 0) are both common meanings."""
+    if isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in window_size):
+        return int(window_size[0]), int(window_size[1])
+    raise TypeError(f"fattn.{fn}: window_size must be a (left, right) pair of ints, -1 for unbounded, "
+                    f"got {window_size!r}")

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ._checks import (
     check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_last_dim_contiguous,
-    check_rank, check_same_device, check_same_dtype, dtype_name, fail, lse_dtype, shape_of,
+    check_rank, check_same_device, check_same_dtype, dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from ._library import load_library
 
@@ -97,7 +98,7 @@ def check_not_yet_supported(fn, dropout_p, window_size, softcap, alibi_slopes):
     yet: anything but their defaults raises instead of being ignored."""
     if dropout_p != 0.0:
         raise NotImplementedError(f"fattn.{fn}: dropout_p={dropout_p} is not supported yet; pass 0.0")
-    if tuple(window_size) != (-1, -1):
+    if window_pair(fn, window_size) != (-1, -1):
         raise NotImplementedError(f"fattn.{fn}: window_size={tuple(window_size)} is not supported yet; "
                                   "pass (-1, -1)")
     if softcap != 0.0:
@@ -133,6 +134,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
+@once_differentiable  # no double backward yet: differentiating twice raises instead of giving 0
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
@@ -156,7 +158,13 @@ class _EagerAttention(torch.autograd.Function):
         _setup_context(ctx, (q, k, v, softmax_scale, causal, deterministic), output)
         return output
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        if torch.is_grad_enabled():  # create_graph=True: the caller wants to differentiate again
+            raise RuntimeError("fattn.flash_attn_func: second-order gradients are not supported (the backward "
+                               "is not differentiable, so they would come out as 0); call backward/grad "
+                               "without create_graph=True")
+        return _backward(ctx, dout, dlse)
 
 
 # ---------------------------------------------------------------- fakes

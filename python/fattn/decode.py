@@ -10,6 +10,7 @@ import torch
 from ._checks import (
     check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_index_tensor,
     check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, fail, lse_dtype, shape_of,
+    window_pair,
 )
 from ._library import load_library
 
@@ -71,7 +72,9 @@ def flash_attn_with_kvcache(
     """
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    left, right = window_size
+    left, right = window_pair("flash_attn_with_kvcache", window_size)
+    if k is not None:
+        check_caches_can_take_the_append(k_cache, v_cache)
     out, lse = _decode_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, left, right,
                           softcap, num_splits)
     return (out, lse) if return_lse else out
@@ -154,6 +157,27 @@ def _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity):
             fail(_OP, "cache_seqlens has shape ", shape_of(cache_seqlens), "; expected [batch] = [", q.shape[0], "]")
 
 
+def _check_writable_caches(k_cache, v_cache):
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        for d in range(c.dim()):
+            if c.shape[d] > 1 and c.stride(d) == 0:
+                fail(_OP, name, " is an expanded view (stride 0 along dim ", d, "): its rows alias, so the new ",
+                     "tokens cannot be appended in place; pass a cache with its own memory")
+
+
+def check_caches_can_take_the_append(k_cache, v_cache):
+    """What only Python sees of a cache written in place: autograd and inference mode would
+    refuse the write after part of it was done, so refuse the call before any write."""
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.requires_grad:
+            fail(_OP, name, " requires grad; the append writes it in place, which autograd cannot track: "
+                 "pass a cache that does not require grad (e.g. allocated under torch.no_grad())")
+        # (dynamo cannot trace is_inference(); compiled code does not meet inference tensors)
+        if not torch.compiler.is_compiling() and c.is_inference() and not torch.is_inference_mode_enabled():
+            fail(_OP, name, " was created under torch.inference_mode(); appending to it in place is only "
+                 "allowed inside inference mode")
+
+
 def _check_scalars(softmax_scale, softcap, num_splits):
     check_finite(_OP, "softmax_scale", softmax_scale)
     if isinstance(softcap, (int, float)) and not (softcap >= 0 and math.isfinite(softcap)):
@@ -169,6 +193,8 @@ def _decode_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_
     _check_caches(q, k_cache, v_cache)
     capacity = _check_layout(q, k_cache, block_table)
     _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity)
+    if k is not None:
+        _check_writable_caches(k_cache, v_cache)
     _check_scalars(softmax_scale, softcap, num_splits)
     # The append mutates the caches in place (declared in the schema); the outputs are
     # fresh and contiguous.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._checks import lse_dtype
+from ._checks import lse_dtype, window_pair
 from ._library import load_library
 from .merge import merge_attention_states
 
@@ -40,9 +40,17 @@ def _chunks_of_rank(rank: int, world: int, sharding: str) -> tuple[int, int]:
     return 2 * rank, 2 * rank + 1
 
 
+def _check_world(fn: str, world) -> None:
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"{fn}: world must be an int >= 1, got {world!r}")
+
+
 def shard(x: torch.Tensor, world: int, rank: int, sharding: str = "zigzag", dim: int = 1) -> torch.Tensor:
     """The shard of the full sequence `x` (sequence along `dim`) that `rank` holds."""
     _check_sharding(sharding)
+    _check_world("fattn.ring.shard", world)
+    if not 0 <= rank < world:
+        raise ValueError(f"fattn.ring.shard: rank {rank} is not in [0, world = {world})")
     if x.shape[dim] % (2 * world):
         raise ValueError(f"fattn.ring.shard: sequence length {x.shape[dim]} is not divisible by "
                          f"2 * world = {2 * world}")
@@ -113,6 +121,8 @@ class _Ring:
 
     def exchange(self, tensors: list[torch.Tensor]):
         """Posts send(tensors -> next) and recv(<- prev); returns (received, handles)."""
+        if self.world == 1:  # a rank is its own neighbour: nothing travels
+            return list(tensors), []
         received = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
@@ -220,7 +230,7 @@ class _RingAttention(torch.autograd.Function):
 
 def _check_inputs(q, k, v, group, sharding, window_size):
     _check_sharding(sharding)
-    if tuple(window_size) != (-1, -1):
+    if window_pair("ring_flash_attn_func", window_size) != (-1, -1):
         raise NotImplementedError("fattn.ring_flash_attn_func: window_size is not supported yet "
                                   "(the kernels have no sliding-window mask); pass (-1, -1)")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -273,6 +283,10 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
     unsharded result: a way to study the schedule without a process group.
     """
     _check_sharding(sharding)
+    _check_world("fattn.ring.simulate", world)
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError(f"fattn.ring.simulate: k and v must have q's sequence length {q.shape[1]} (every rank "
+                         f"holds matching q and k/v shards), got {k.shape[1]} and {v.shape[1]}")
     qs, ks, vs = ([shard(t, world, r, sharding) for r in range(world)] for t in (q, k, v))
     accs = [_new_accumulator(qs[r]) for r in range(world)]
     for i in range(world):

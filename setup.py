@@ -155,6 +155,11 @@ class BuildFattn(build_ext):
         # Python ABI tag in its name.
         return os.path.join(*ext_name.split(".")[:-1], "libfattn.so")
 
+    def run(self):
+        # Recorded first: setuptools clears self.inplace while it builds (it copies afterwards).
+        self.development = bool(self.inplace or getattr(self, "editable_mode", False))
+        super().run()
+
     def build_extension(self, ext):
         started = time.time()
         sys.path.insert(0, str(ROOT))
@@ -162,7 +167,7 @@ class BuildFattn(build_ext):
         from aot_build.__main__ import build as aot_build
         from build_support import dev_grid, toolchain
 
-        wheel = not (self.inplace or getattr(self, "editable_mode", False))
+        wheel = not getattr(self, "development", False)
         flags = read_build_flags()
         try:  # before the kernels: a missing ziglang must not cost minutes first
             tool = toolchain.choose(flags, wheel)

@@ -66,22 +66,26 @@ void call(const fattn::runtime::Variant<fattn::kernels::attn_merge>& v) {
 """
 
 
+def _compile_against(tmp_path, header, source):
+    """g++ on `source` with the generated header; no warning flags: a missing argument must be a
+    hard error of the types themselves."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    (tmp_path / "kernel_launchers.h").write_text(header)
+    src = tmp_path / "call.cpp"
+    src.write_text(source)
+    return subprocess.run([cxx, "-std=c++20", f"-I{tmp_path}", f"-I{ROOT / 'csrc'}", "-c", str(src), "-o",
+                           str(tmp_path / "call.o")], capture_output=True, text=True)
+
+
 @pytest.mark.parametrize("tail, error", [
     (", .head_dim = 64", None),
     ("", r"attn_merge::Args|Required"),
     (", .head_dimm = 64", r"head_dimm|attn_merge::Args"),
 ])
 def test_a_wrongly_filled_launcher_fails_the_build(tmp_path, header, tail, error):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no g++")
-    (tmp_path / "kernel_launchers.h").write_text(header)
-    src = tmp_path / "call.cpp"
-    src.write_text(MERGE_CALL % tail)
-    # No warning flags: a missing argument must be a hard error of the types themselves.
-    run = subprocess.run([cxx, "-std=c++20", f"-I{tmp_path}",
-                          f"-I{ROOT / 'csrc'}", "-c", str(src), "-o", str(tmp_path / "call.o")],
-                         capture_output=True, text=True)
+    run = _compile_against(tmp_path, header, MERGE_CALL % tail)
     if error is None:
         assert run.returncode == 0, run.stderr
     else:
@@ -96,12 +100,5 @@ uint64_t key() { return fattn::kernels::attn_fwd::flags_key(%s, false); }
 
 @pytest.mark.parametrize("flags, ok", [("{.CAUSAL = true}", True), ("{}", False)])
 def test_flags_cannot_be_left_out(tmp_path, header, flags, ok):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no g++")
-    (tmp_path / "kernel_launchers.h").write_text(header)
-    src = tmp_path / "flags.cpp"
-    src.write_text(FLAGS_CALL % flags)
-    run = subprocess.run([cxx, "-std=c++20", f"-I{tmp_path}", f"-I{ROOT / 'csrc'}", "-c", str(src), "-o",
-                          str(tmp_path / "flags.o")], capture_output=True, text=True)
+    run = _compile_against(tmp_path, header, FLAGS_CALL % flags)
     assert (run.returncode == 0) == ok, run.stderr

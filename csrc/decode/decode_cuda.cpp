@@ -55,10 +55,10 @@ struct CacheView {
   int64_t stride_tb;
 };
 
-void append(const DecodeShape& s, const CacheView& c, const Tensor& k, const Tensor& v, int device, ScalarType dtype) {
-  const auto kernel = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
+void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const DecodeShape& s, const CacheView& c,
+            const Tensor& k, const Tensor& v) {
   const Tensor k_new = aligned_for_kernel(k), v_new = aligned_for_kernel(v);
-  kernels::launch_kv_append(kernel, {dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)}, {
+  kernels::launch_kv_append(kernel, grid, {
       .KNew = k_new.data_ptr(), .VNew = v_new.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(),
       .CacheSeqlens = c.seqlens.data_ptr(), .BlockTable = c.table,
       .stride_nkb = kernel_stride(k_new, 0), .stride_nks = kernel_stride(k_new, 1), .stride_nkh = kernel_stride(k_new, 2),
@@ -80,6 +80,7 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const ScalarType dtype = q.scalar_type();
   const auto split = choose<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
+  const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
   const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
   const int64_t row_tiles = (s.seqlen_q * s.group() + block_m - 1) / block_m;
   const int64_t splits = num_splits > 0 ? num_splits
@@ -87,9 +88,10 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
                                                           split.constant(attn_decode_split::BLOCK_N), device);
   const runtime::Grid split_grid{dim(splits), dim(s.kv_heads * row_tiles), dim(s.batch)};
   const runtime::Grid merge_grid{dim(s.seqlen_q), dim(s.heads), dim(s.batch)};
+  const runtime::Grid append_grid{dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)};
   check_grid(kOp, split_grid, "splits", "kv_heads x query tiles", "batch");
   check_grid(kOp, merge_grid, "query tokens", "heads", "batch");
-  check_grid(kOp, {dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)}, "new tokens", "kv heads", "batch");
+  check_grid(kOp, append_grid, "new tokens", "kv heads", "batch");
 
   Tensor out = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
   Tensor lse = torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
@@ -104,7 +106,7 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
     c.seqlens = torch::stable::new_empty(q, {s.batch}, ScalarType::Int);
     torch::stable::fill_(c.seqlens, static_cast<double>(s.capacity));
   }
-  if (k && s.seqlen_new > 0) append(s, c, *k, *v, device, dtype);
+  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, *k, *v);
   if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
 
   // fp32 partials, one [batch, seqlen_q, heads, head_dim] slab (and lse slab) per split.

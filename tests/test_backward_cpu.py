@@ -8,7 +8,7 @@ from torch.autograd import gradcheck
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import BACKWARD, check_fake_raises_like_op, make_qkv
+from helpers import BACKWARD, check_fake_raises_like_op, make_qkv, recompiles_forbidden
 
 
 def _leaves(*shape, layout="contiguous"):
@@ -66,30 +66,23 @@ def test_non_contiguous_dout():
 
 
 def test_compiled_training_step_no_recompiles():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
 
-    @torch.compile(fullgraph=True, dynamic=True, backend=counter)
+    @torch.compile(fullgraph=True, dynamic=True, backend="aot_eager")
     def loss_fn(q, k, v):
         out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
         return (out.square()).sum() + lse.sum()
 
-    first_compile = None
-    for seqlen in (19, 37, 100):
+    for i, seqlen in enumerate((19, 37, 100)):
         q, k, v = (t.requires_grad_() for t in make_qkv(1, seqlen, seqlen + 3, 4, 2, 16, torch.float32, "cpu"))
-        loss_fn(q, k, v).backward()
+        with recompiles_forbidden(i):
+            loss_fn(q, k, v).backward()
         got = [t.grad for t in (q, k, v)]
         q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
         out, lse = attention_reference(q2, k2, v2, None, True, dtype=torch.float32)
         ((out.square()).sum() + lse.sum()).backward()
         for g, w in zip(got, (q2.grad, k2.grad, v2.grad)):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
-        # The first compile may restart its analysis once (dynamo specialises the float
-        # defaults that flash_attn_func compares); new lengths must not compile again.
-        first_compile = first_compile or counter.frame_count
-    assert counter.frame_count == first_compile <= 2, f"recompiled: {counter.frame_count} frames"
 
 
 def _bwd_args():

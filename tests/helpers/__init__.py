@@ -4,13 +4,15 @@ one another.
 common: devices, random q/k/v, the contract's lse dtype, the accuracy rules;
 kvcache: KV caches in every layout and decode's accuracy rule;
 samples: one sample_inputs generator per op, and running an op on fake tensors;
-library: the stable-ABI contract of a built libfattn.so.
+library: the stable-ABI contract of a built libfattn.so;
+compile: telling a recompile from a first compile under torch.compile.
 """
 
 from .common import (
     HAS_GPU, check_accuracy, check_gradients, device_dtype_params, expected_lse_dtype, grads_of, make_qkv,
     poison_allocator, requires_gpu,
 )
+from .compile import recompiles_forbidden
 from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, references, run_decode, seqlens_tensor
 from .library import check_stable_abi
 from .samples import (
@@ -23,5 +25,5 @@ __all__ = [
     "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
-    "poison_allocator", "references", "requires_gpu", "run_decode", "seqlens_tensor",
+    "poison_allocator", "recompiles_forbidden", "references", "requires_gpu", "run_decode", "seqlens_tensor",
 ]

@@ -10,9 +10,11 @@
 
 STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-        "bool deterministic=False) -> (Tensor out, Tensor lse)");
+        "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+        "Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)");
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
-        "float? softmax_scale, bool causal, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "
+        "float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("merge_attention_states(Tensor outs, Tensor lses) -> (Tensor out, Tensor lse)");
   // k_cache and v_cache are written in place when k and v are given (the append).
   m.def("decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "

@@ -48,11 +48,11 @@ def test_launcher_args_follow_each_spec_in_order(header):
 
 
 def test_table_flag_keys_match_the_launchers_packing(header):
-    # attn_fwd's flags_key packs CAUSAL in byte 0 and the derived PAD_D after it.
+    # attn_fwd's flags_key packs SCORE_MOD in byte 0 and the derived PAD_D after it.
     cfg = grid.load_config()["kernels"]["attn_fwd"]
-    assert launchers.flags_key(cfg, {"CAUSAL": 1, "PAD_D": 0}) == 1
-    assert launchers.flags_key(cfg, {"CAUSAL": 0, "PAD_D": 1}) == 256
-    assert "(uint64_t(f.CAUSAL.value) << 0) | (uint64_t(pad_d) << 8)" in header
+    assert launchers.flags_key(cfg, {"SCORE_MOD": 1, "PAD_D": 0}) == 1
+    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "PAD_D": 1}) == 256
+    assert "(uint64_t(f.SCORE_MOD.value) << 0) | (uint64_t(pad_d) << 8)" in header
 
 
 MERGE_CALL = """
@@ -98,7 +98,7 @@ uint64_t key() { return fattn::kernels::attn_fwd::flags_key(%s, false); }
 """
 
 
-@pytest.mark.parametrize("flags, ok", [("{.CAUSAL = true}", True), ("{}", False)])
+@pytest.mark.parametrize("flags, ok", [("{.SCORE_MOD = true}", True), ("{}", False)])
 def test_flags_cannot_be_left_out(tmp_path, header, flags, ok):
     run = _compile_against(tmp_path, header, FLAGS_CALL % flags)
     assert (run.returncode == 0) == ok, run.stderr

@@ -12,7 +12,7 @@ from torch.autograd import gradcheck
 from fattn.reference import attention_reference
 from helpers import (
     FORWARD, OPS, SAMPLE_INPUTS, call_with_fakes, check_gradients, device_dtype_params, expected_lse_dtype,
-    forward_samples, grads_of, requires_gpu,
+    forward_samples, grads_of, reference_variant, requires_gpu,
 )
 
 OP_NAMES = list(SAMPLE_INPUTS)
@@ -59,12 +59,24 @@ def test_fake_matches_real(op, device, dtype):
                 assert reals[1].dtype == expected_lse_dtype(dtype), "lse dtype"
 
 
-def _finite_lse(softmax_scale, causal, deterministic):
+def _finite_lse(*options):
     def f(q, k, v):
-        out, lse = FORWARD(q, k, v, softmax_scale, causal, deterministic)
+        out, lse = FORWARD(q, k, v, *options)
         # Rows that see no key have lse = -inf; finite differences there are NaN.
         return out, torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     return f
+
+
+def test_forward_cpu_matches_the_python_reference():
+    """The C++ float64 implementation and fattn.reference are written independently: every
+    sample (windows, softcap, ALiBi included) must agree between them, out and lse."""
+    for sample in forward_samples("cpu", torch.float64):
+        q, k, v, softmax_scale, causal, *options = sample.args
+        with sample_named(sample):
+            out, lse = FORWARD(*sample.args)
+            want_out, want_lse = attention_reference(q, k, v, softmax_scale, causal, **reference_variant(sample.args))
+            torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
 
 
 def test_forward_gradcheck_cpu():
@@ -80,16 +92,16 @@ def test_forward_gradcheck_cpu():
 @pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
 def test_forward_gradients_cuda(dtype):
     for sample in forward_samples("cuda", dtype):
-        q, k, v, softmax_scale, causal, deterministic = sample.args
+        q, k, v, softmax_scale, causal, *options = sample.args
+        variant = reference_variant(sample.args)
         with sample_named(sample):
-            ref_lse = attention_reference(q, k, v, softmax_scale, causal)[1]
+            ref_lse = attention_reference(q, k, v, softmax_scale, causal, **variant)[1]
             w_out = torch.randn(q.shape, device="cuda")
             # lse of rows that see no key is -inf: weight them 0 so the loss stays finite.
             w_lse = torch.randn(ref_lse.shape, device="cuda").masked_fill(torch.isinf(ref_lse), 0)
-            got = grads_of(lambda q, k, v: FORWARD(q, k, v, softmax_scale, causal, deterministic), q, k, v, w_out,
-                           w_lse)
-            ref = grads_of(lambda q, k, v: attention_reference(q, k, v, softmax_scale, causal), q.double(), k.double(),
-                           v.double(), w_out.double(), w_lse.double())
-            low = grads_of(lambda q, k, v: attention_reference(q, k, v, softmax_scale, causal, dtype=dtype), q, k, v,
-                           w_out, w_lse)
+            got = grads_of(lambda q, k, v: FORWARD(q, k, v, softmax_scale, causal, *options), q, k, v, w_out, w_lse)
+            ref = grads_of(lambda q, k, v: attention_reference(q, k, v, softmax_scale, causal, **variant), q.double(),
+                           k.double(), v.double(), w_out.double(), w_lse.double())
+            low = grads_of(lambda q, k, v: attention_reference(q, k, v, softmax_scale, causal, dtype=dtype, **variant),
+                           q, k, v, w_out, w_lse)
             check_gradients(got, ref, low, dtype, what=sample.name)

@@ -12,14 +12,16 @@ Three launches, none with atomics, so every mode is bitwise reproducible:
 
 With S = scale * Q K^T and P = softmax(S): dP = dO V^T, dS = P * (dP - delta),
 dQ = scale * dS K, dK = scale * dS^T Q. Scores use the log2 domain as in the forward
-(qk_scale = scale * log2(e)); the natural-log lse is converted once per tile.
+(qk_scale = scale * log2(e)); the natural-log lse is converted once per tile. Masks,
+window ranges, softcap and ALiBi are the forward's (triton_src/common.py); the softcap
+multiplies dS by its derivative 1 - tanh^2 before the products with Q and K.
 """
 
 import triton
 import triton.language as tl
 
-from .common import LOG2E, visible_key_range
-from .spec import KernelSpec, f32, f32_tensor, i32, strides, tensor
+from .common import LOG2E, alibi_slope_log2, key_visible, modified_scores, visible_key_range, visible_query_range
+from .spec import KernelSpec, f32, f32_tensor, i32, slopes_tensor, strides, tensor
 
 @triton.jit
 def attn_bwd_preprocess(
@@ -80,8 +82,9 @@ def _lse_log2(Lse, row_base, rows, seqlen_q):
 def _dkdv_query_tiles(
     dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
     stride_qs, stride_dos, offs_n, offs_d,
-    start, stop, seqlen_q, head_dim, diagonal, qk_scale,
-    BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
+    start, stop, seqlen_q, seqlen_k, head_dim, diagonal, window_left, window_right,
+    qk_scale, softcap_log2, alibi_log2,
+    BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     """Adds the query rows [start, stop) of one head to this key tile's dK, dV (transposed math:
     the key tile is the M side of every product)."""
@@ -93,12 +96,17 @@ def _dkdv_query_tiles(
         lse = _lse_log2(Lse, row_base, rows, seqlen_q)
         delta = tl.load(Delta + row_base + rows, mask=rows < seqlen_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
+        if SCORE_MOD:
+            qk_t, dcap_t = modified_scores(qk_t, rows[None, :], offs_n[:, None], diagonal, softcap_log2, alibi_log2)
         p_t = tl.math.exp2(qk_t - lse[None, :])
-        if MASKED:  # causal diagonal: key j visible to row i iff j <= i + diagonal
-            p_t = tl.where(offs_n[:, None] <= rows[None, :] + diagonal, p_t, 0.0)
+        if MASKED:
+            visible = key_visible(rows[None, :], offs_n[:, None], seqlen_k, diagonal, window_left, window_right)
+            p_t = tl.where(visible, p_t, 0.0)
         dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
+        if SCORE_MOD:
+            ds_t *= dcap_t
         dk += tl.dot(ds_t.to(q.dtype), q)
     return dk, dv
 
@@ -112,10 +120,11 @@ def attn_bwd_dkdv(
     stride_dob, stride_dos, stride_doh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
-    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim,
-    qk_scale, softmax_scale,
+    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim, window_left, window_right,
+    Alibi, stride_alibib, stride_alibih, use_alibi,
+    qk_scale, softcap_log2, softmax_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch)."""
     pid_n = tl.program_id(0)
@@ -133,29 +142,27 @@ def attn_bwd_dkdv(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     diagonal = seqlen_k - seqlen_q
-    if CAUSAL:
-        # Rows before start_n - diagonal see none of these keys; from the first row that
-        # sees the tile's last key on, every row sees the whole tile.
-        first = tl.maximum(start_n - diagonal, 0)
-        first = tl.minimum((first // BLOCK_M) * BLOCK_M, seqlen_q)
-        full = tl.maximum(start_n + BLOCK_N - 1 - diagonal, first)
-        full = tl.minimum(first + tl.cdiv(full - first, BLOCK_M) * BLOCK_M, seqlen_q)
-    else:
-        first = 0
-        full = 0
-
+    lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                                                   BLOCK_M, BLOCK_N)
     for g in range(0, kv_group_size):
         head = (kv_head * kv_group_size + g).to(tl.int64)
         q_base = Q + batch * stride_qb + head * stride_qh
         do_base = DO + batch * stride_dob + head * stride_doh
         row_base = (batch * num_heads + head) * seqlen_q
-        if CAUSAL:
-            dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
-                                       stride_qs, stride_dos, offs_n, offs_d, first, full,
-                                       seqlen_q, head_dim, diagonal, qk_scale, BLOCK_M, PAD_D, True)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
-                                   stride_qs, stride_dos, offs_n, offs_d, full, seqlen_q,
-                                   seqlen_q, head_dim, diagonal, qk_scale, BLOCK_M, PAD_D, False)
+        alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
+        # The rows at the window's right edge, those that see the whole tile, the left edge.
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
+                                   offs_n, offs_d, lo, full_lo, seqlen_q, seqlen_k, head_dim, diagonal,
+                                   window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                                   BLOCK_M, PAD_D, True, SCORE_MOD)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
+                                   offs_n, offs_d, full_lo, full_hi, seqlen_q, seqlen_k, head_dim, diagonal,
+                                   window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                                   BLOCK_M, PAD_D, False, SCORE_MOD)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
+                                   offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k, head_dim, diagonal,
+                                   window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                                   BLOCK_M, PAD_D, True, SCORE_MOD)
 
     dk *= softmax_scale
     _store_rows(DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh, dk, offs_n, stride_dks, offs_d,
@@ -167,8 +174,9 @@ def attn_bwd_dkdv(
 @triton.jit
 def _dq_key_tiles(
     dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
-    offs_m, offs_d, start, stop, seqlen_k, head_dim, diagonal, qk_scale,
-    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    offs_m, offs_d, start, stop, seqlen_k, head_dim, diagonal, window_left, window_right,
+    qk_scale, softcap_log2, alibi_log2,
+    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
@@ -176,14 +184,16 @@ def _dq_key_tiles(
         k = _load_rows(k_base, cols, stride_ks, offs_d, seqlen_k, head_dim, PAD_D)
         v = _load_rows(v_base, cols, stride_vs, offs_d, seqlen_k, head_dim, PAD_D)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
+        if SCORE_MOD:
+            qk, dcap = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
         p = tl.math.exp2(qk - lse[:, None])
         if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+            visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
+        if SCORE_MOD:
+            ds *= dcap
         dq += tl.dot(ds.to(k.dtype), k)
     return dq
 
@@ -196,10 +206,11 @@ def attn_bwd_dq(
     stride_vb, stride_vs, stride_vh,
     stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh,
-    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim,
-    qk_scale, softmax_scale,
+    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim, window_left, window_right,
+    Alibi, stride_alibib, stride_alibih, use_alibi,
+    qk_scale, softcap_log2, softmax_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch)."""
     pid_m = tl.program_id(0)
@@ -221,17 +232,26 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diagonal = seqlen_k - seqlen_q
-    full_stop, stop = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d,
-                       0, full_stop, seqlen_k, head_dim, diagonal, qk_scale, BLOCK_N, PAD_D, False, CAUSAL)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d,
-                       full_stop, stop, seqlen_k, head_dim, diagonal, qk_scale, BLOCK_N, PAD_D, True, CAUSAL)
+    alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
+    lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
+                                                 BLOCK_M, BLOCK_N)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
+                       seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                       BLOCK_N, PAD_D, True, SCORE_MOD)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, full_lo,
+                       full_hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+                       alibi_log2, BLOCK_N, PAD_D, False, SCORE_MOD)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, full_hi, hi,
+                       seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                       BLOCK_N, PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 
 
 _SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
-          f32("qk_scale"), f32("softmax_scale")]
+          i32("window_left"), i32("window_right"),
+          slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
+          f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale")]
 
 ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
     tensor("Out"), tensor("DO"), f32_tensor("DLse"), f32_tensor("Delta"), *strides("o"), *strides("do"),

@@ -66,22 +66,101 @@ def merge_finish(total, m):
 
 
 @triton.jit
-def visible_key_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      CAUSAL: tl.constexpr):
-    """Key ranges of the query tile [start_m, start_m + BLOCK_M): (full_stop, stop).
+def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
+    """The attention mask, for broadcastable query/key index tensors: key k_idx < seqlen_k is
+    visible to query q_idx iff q_idx + diagonal - window_left <= k_idx <= q_idx + diagonal +
+    window_right, a negative side being unbounded. diagonal = seqlen_k - seqlen_q aligns the
+    window to the bottom-right corner; causal is window_right = 0."""
+    lo = tl.where(window_left >= 0, q_idx + diagonal - window_left, 0)
+    hi = tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1)
+    return (k_idx >= lo) & (k_idx <= hi) & (k_idx < seqlen_k)
 
-    Keys [0, full_stop) are visible to every row of the tile (no mask needed; full_stop
-    is a multiple of BLOCK_N); keys [full_stop, stop) need the mask; keys from stop on
-    are visible to no row. Causal is aligned bottom-right: row i sees key j iff
-    j <= i + seqlen_k - seqlen_q.
+
+@triton.jit
+def softcap_tanh(x):
+    """tanh(x) as 1 - 2 / (exp(2x) + 1): one exp2, exact at both tails (no inf/inf)."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi):
+    """The head's ALiBi slope in the log2 domain; 0 when use_alibi is 0 (nothing is read)."""
+    ptr = Alibi + batch.to(tl.int64) * stride_alibib + head.to(tl.int64) * stride_alibih
+    return tl.load(ptr, mask=use_alibi != 0, other=0.0) * LOG2E
+
+
+@triton.jit
+def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2):
+    """(scores, dscores/dqk) after the softcap and the ALiBi bias, in the log2 domain.
+
+    With softcap_log2 = softcap * log2(e) > 0, `qk` is q.k * scale / softcap and the score is
+    softcap * tanh(qk); otherwise `qk` is already the score. ALiBi subtracts
+    slope * |q_idx + diagonal - k_idx| (alibi_log2 = slope * log2(e); 0 adds nothing). The
+    second value is the softcap's derivative factor (1 - tanh^2), which the backward applies
+    to dS; 1 without a softcap.
+    """
+    if softcap_log2 > 0:
+        t = softcap_tanh(qk)
+        scores = softcap_log2 * t
+        dscores = 1.0 - t * t
+    else:
+        scores = qk
+        dscores = qk * 0.0 + 1.0
+    scores -= alibi_log2 * tl.abs(q_idx + diagonal - k_idx).to(tl.float32)
+    return scores, dscores
+
+
+@triton.jit
+def visible_key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key ranges of the query tile [start_m, start_m + BLOCK_M): (lo, full_lo, full_hi, hi).
+
+    Keys [full_lo, full_hi) are visible to every row of the tile (no mask needed); the
+    keys [lo, full_lo) and [full_hi, hi) need the mask; keys outside [lo, hi) are visible
+    to no row. lo, full_lo and full_hi are multiples of BLOCK_N, lo <= full_lo <= full_hi
+    <= max(hi, full_lo). Windows as in key_visible.
     """
     diagonal = seqlen_k - seqlen_q
-    if CAUSAL:
-        # Keys past the last row's diagonal are invisible to the whole tile.
-        stop = tl.minimum(tl.maximum(start_m + BLOCK_M + diagonal, 0), seqlen_k)
-        # Keys up to the first row's diagonal are visible to every row.
-        full_stop = tl.minimum(tl.maximum(start_m + 1 + diagonal, 0), stop)
-    else:
-        stop = seqlen_k
-        full_stop = seqlen_k
-    return (full_stop // BLOCK_N) * BLOCK_N, stop
+    last_m = start_m + BLOCK_M - 1
+    hi = seqlen_k
+    lo = seqlen_k * 0
+    full_lo = lo
+    full_hi = seqlen_k
+    if window_right >= 0:
+        # Keys past the last row's right edge are invisible to the whole tile; keys up to
+        # the first row's edge are visible to every row (on that side).
+        hi = tl.minimum(tl.maximum(last_m + diagonal + window_right + 1, 0), seqlen_k)
+        full_hi = tl.minimum(tl.maximum(start_m + diagonal + window_right + 1, 0), seqlen_k)
+    if window_left >= 0:
+        lo = tl.minimum(tl.maximum(start_m + diagonal - window_left, 0), hi)
+        full_lo = tl.maximum(last_m + diagonal - window_left, 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, tl.cdiv(hi, BLOCK_N) * BLOCK_N)
+    full_hi = tl.maximum((full_hi // BLOCK_N) * BLOCK_N, full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query ranges of the key tile [start_n, start_n + BLOCK_N): (lo, full_lo, full_hi, hi),
+    the transpose of visible_key_range: rows [full_lo, full_hi) see every key of the tile,
+    rows [lo, full_lo) and [full_hi, hi) some, rows outside [lo, hi) none. lo, full_lo and
+    full_hi are multiples of BLOCK_M; rows past seqlen_q may be visited (their lse reads as
+    +inf, so they add nothing)."""
+    diagonal = seqlen_k - seqlen_q
+    last_n = start_n + BLOCK_N - 1
+    lo = seqlen_q * 0
+    full_lo = lo
+    hi = seqlen_q
+    full_hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M  # rows past seqlen_q add nothing
+    if window_right >= 0:  # row i sees key j only if j <= i + diagonal + window_right
+        lo = tl.maximum(start_n - diagonal - window_right, 0)
+        full_lo = tl.maximum(last_n - diagonal - window_right, 0)
+    if window_left >= 0:  # row i sees key j only if j >= i + diagonal - window_left
+        hi = tl.minimum(tl.maximum(last_n - diagonal + window_left + 1, 0), seqlen_q)
+        full_hi = tl.maximum(start_n - diagonal + window_left + 1, 0) // BLOCK_M * BLOCK_M
+    lo = tl.minimum(lo, hi) // BLOCK_M * BLOCK_M
+    full_lo = tl.minimum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, tl.cdiv(hi, BLOCK_M) * BLOCK_M)
+    full_hi = tl.maximum(tl.minimum(full_hi, tl.cdiv(hi, BLOCK_M) * BLOCK_M), full_lo)
+    return lo, full_lo, full_hi, hi

@@ -11,17 +11,22 @@ the kernel uses exp2 (one MUFU instruction) instead of exp.
 Layout is [batch, seqlen, heads, head_dim] with arbitrary batch/seq/head strides
 and a contiguous head_dim. Strides are int64 so tensors past 2**31 elements work.
 
-Masking is split in two loops, as in the Triton tutorial: key tiles that are
-entirely visible to every row of the query tile run without any mask, and only
-the (at most a few) tiles at the causal diagonal or at the end of the keys pay
-for the mask.
+Masking (causal, sliding window) is split in three loops, as in the Triton tutorial
+but with a window on both sides: key tiles that are entirely visible to every row of
+the query tile run without any mask, and only the tiles at the window's two edges and
+at the end of the keys pay for it. Tiles outside the window are never visited, so time
+grows with the window, not the sequence.
+
+SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
+(-slope * |i + seqlen_k - seqlen_q - j|) to every tile; both are runtime values there,
+so one variant serves either or both.
 """
 
 import triton
 import triton.language as tl
 
-from .common import softmax_finish, softmax_step, visible_key_range
-from .spec import KernelSpec, f32, f32_tensor, i32, strides, tensor
+from .common import alibi_slope_log2, key_visible, modified_scores, softmax_finish, softmax_step, visible_key_range
+from .spec import KernelSpec, f32, f32_tensor, i32, slopes_tensor, strides, tensor
 
 
 @triton.jit
@@ -29,20 +34,20 @@ def _attend_key_tiles(
     acc, l_i, m_i, q,
     k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
     offs_m, offs_n, offs_d,
-    start, stop, seqlen_k, head_dim, diagonal, qk_scale,
-    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    start, stop, seqlen_k, head_dim, diagonal, window_left, window_right,
+    qk_scale, softcap_log2, alibi_log2,
+    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     """Folds key tiles [start, stop) into the running softmax state.
 
-    `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0; `diagonal`
-    is seqlen_k - seqlen_q, the bottom-right causal alignment: row i sees key j
-    iff j <= i + diagonal.
+    `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
+    key_visible (window, causal, end of the keys); the others are visible to every row.
     """
     d_in_range = offs_d < head_dim
     for start_n in range(start, stop, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = k_tile_ptrs + start_n.to(tl.int64) * stride_ks
-        v_ptrs = v_tile_ptrs + start_n.to(tl.int64) * stride_vs
+        k_ptrs = k_tile_ptrs + tl.cast(start_n, tl.int64) * stride_ks
+        v_ptrs = v_tile_ptrs + tl.cast(start_n, tl.int64) * stride_vs
         if MASKED:
             k_mask = (cols[None, :] < seqlen_k) & d_in_range[:, None]
             v_mask = (cols[:, None] < seqlen_k) & d_in_range[None, :]
@@ -53,10 +58,10 @@ def _attend_key_tiles(
             k = tl.load(k_ptrs)
 
         qk = tl.dot(q, k) * qk_scale
+        if SCORE_MOD:
+            qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
         if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+            visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
             qk = tl.where(visible, qk, float("-inf"))
         p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
 
@@ -77,22 +82,24 @@ def attn_fwd(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim,
-    qk_scale,
+    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim, window_left, window_right,
+    Alibi, stride_alibib, stride_alibih, use_alibi,
+    qk_scale, softcap_log2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """Grid: (cdiv(seqlen_q, BLOCK_M), num_heads, batch).
 
-    qk_scale is softmax_scale * log2(e). Lse is float32 [batch, heads, seqlen_q],
-    contiguous, natural log. kv_group_size = q heads per kv head (GQA).
+    Lse is float32 [batch, heads, seqlen_q], contiguous, natural log. kv_group_size = q
+    heads per kv head (GQA). window_left/right: -1 unbounded, causal is window_right = 0.
+    qk_scale is softmax_scale * log2(e), or softmax_scale / softcap with a softcap, whose
+    softcap_log2 = softcap * log2(e) (0 without). ALiBi slopes (float32, natural-log units)
+    are read at Alibi + batch * stride_alibib + head * stride_alibih when use_alibi != 0.
     """
     num_m_tiles = tl.num_programs(0)
-    if CAUSAL:
-        # Heavier (later) query tiles first, so the short ones fill the tail.
-        pid_m = num_m_tiles - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
+    # With a right edge, later query tiles are heavier: run them first, so the short ones
+    # fill the tail.
+    pid_m = tl.where(window_right >= 0, num_m_tiles - 1 - tl.program_id(0), tl.program_id(0))
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
     kv_head = head // kv_group_size
@@ -122,18 +129,25 @@ def attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diagonal = seqlen_k - seqlen_q
-    full_stop, stop = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-
+    alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
+    lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
+                                                 BLOCK_M, BLOCK_N)
+    # The window's left edge, the fully visible middle, the right edge and the end of the keys.
     acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, offs_d, 0, full_stop, seqlen_k, head_dim, diagonal, qk_scale,
-        BLOCK_N, PAD_D, False, CAUSAL)
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
+        lo, full_lo, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+        BLOCK_N, PAD_D, True, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, offs_d, full_stop, stop, seqlen_k, head_dim, diagonal, qk_scale,
-        BLOCK_N, PAD_D, True, CAUSAL)
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
+        full_lo, full_hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+        alibi_log2, BLOCK_N, PAD_D, False, SCORE_MOD)
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
+        full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+        BLOCK_N, PAD_D, True, SCORE_MOD)
 
-    # Rows that saw no key (causal with seqlen_q > seqlen_k) give out 0 and lse -inf.
+    # Rows that saw no key (outside every window, or causal with seqlen_q > seqlen_k) give
+    # out 0 and lse -inf.
     out, lse = softmax_finish(acc, l_i, m_i)
 
     o_ptrs = (Out + batch * stride_ob + head.to(tl.int64) * stride_oh
@@ -150,5 +164,7 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("Out"), f32_tensor("Lse"),
     *strides("q"), *strides("k"), *strides("v"), *strides("o"),
     i32("seqlen_q"), i32("seqlen_k"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
-    f32("qk_scale"),
+    i32("window_left"), i32("window_right"),
+    slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
+    f32("qk_scale"), f32("softcap_log2"),
 ])

@@ -50,6 +50,11 @@ def f32_tensor(name: str) -> Param:
     return Param(name, "*fp32", 16)
 
 
+def slopes_tensor(name: str) -> Param:
+    """A float32 tensor of per-head values (ALiBi slopes) that may be a view: no alignment promise."""
+    return Param(name, "*fp32")
+
+
 def index_tensor(name: str) -> Param:
     """An int32 tensor (lengths, block tables) that may be a view: no alignment promise."""
     return Param(name, "*i32")

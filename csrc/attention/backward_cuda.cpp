@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "attention/attention_shape.h"
+#include "attention/attention_variant.h"
 #include "common/kernel_choice.h"
 #include "ops.h"
 
@@ -26,11 +26,14 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   constexpr const char* op = "fattn.backward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
-  const auto dkdv = choose<attn_bwd_dkdv>(op, device, dtype, s.head_dim, {.CAUSAL = causal});
-  const auto dqk = choose<attn_bwd_dq>(op, device, dtype, s.head_dim, {.CAUSAL = causal});
+  const bool score_mod = variant.modifies_scores();
+  const auto dkdv = choose<attn_bwd_dkdv>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
+  const auto dqk = choose<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
   const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),
                                dim(s.batch)};
   const runtime::Grid dkdv_grid{ceil_div(s.seqlen_k, dkdv.constant(attn_bwd_dkdv::BLOCK_N)), dim(s.kv_heads),
@@ -67,7 +70,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
       .seqlen_q = s.seqlen_q, .num_heads = s.heads, .head_dim = s.head_dim});
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  const double qk_scale = scale * M_LOG2E;  // the kernels' scores are in the log2 domain
+  const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
   kernels::launch_attn_bwd_dkdv(dkdv, dkdv_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DK = dk.data_ptr(), .DV = dv.data_ptr(),
@@ -78,7 +81,10 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
       .stride_dkb = kernel_stride(dk, 0), .stride_dks = kernel_stride(dk, 1), .stride_dkh = kernel_stride(dk, 2),
       .stride_dvb = kernel_stride(dv, 0), .stride_dvs = kernel_stride(dv, 1), .stride_dvh = kernel_stride(dv, 2),
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .num_heads = s.heads, .kv_group_size = s.group(),
-      .head_dim = s.head_dim, .qk_scale = qk_scale, .softmax_scale = scale});
+      .head_dim = s.head_dim, .window_left = variant.window_left, .window_right = variant.window_right,
+      .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
+      .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
+      .softmax_scale = scale});
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DQ = dq.data_ptr(),
@@ -88,7 +94,10 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
       .stride_dob = kernel_stride(dout, 0), .stride_dos = kernel_stride(dout, 1), .stride_doh = kernel_stride(dout, 2),
       .stride_dqb = kernel_stride(dq, 0), .stride_dqs = kernel_stride(dq, 1), .stride_dqh = kernel_stride(dq, 2),
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .num_heads = s.heads, .kv_group_size = s.group(),
-      .head_dim = s.head_dim, .qk_scale = qk_scale, .softmax_scale = scale});
+      .head_dim = s.head_dim, .window_left = variant.window_left, .window_right = variant.window_right,
+      .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
+      .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
+      .softmax_scale = scale});
   return {dq, dk, dv};
 }
 

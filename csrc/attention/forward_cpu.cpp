@@ -9,14 +9,18 @@
 #include <limits>
 #include <vector>
 
-#include "attention/attention_shape.h"
+#include "attention/attention_variant.h"
 #include "ops.h"
 
 namespace fattn {
 
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   (void)deterministic;
-  const AttentionShape s = check_attention_inputs("fattn.forward", q, k, v, softmax_scale);
+  constexpr const char* op = "fattn.forward";
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  const std::vector<ScoreMod> mods = score_mods(variant, s);
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
   Tensor out_d = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
@@ -33,30 +37,32 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();  // GQA: consecutive q heads share one kv head
+      const ScoreMod& mod = mods[b * H + h];
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
         const double* qi = Q + ((b * s.seqlen_q + i) * H + h) * D;
-        const int64_t visible =
-            causal ? std::min(s.seqlen_k, std::max<int64_t>(0, i + s.diagonal() + 1)) : s.seqlen_k;
         double row_max = neg_inf;
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+          scores[j] = neg_inf;  // masked: weight exp(-inf) = 0
+          if (!variant.visible(i, j, s.diagonal())) continue;
           const double* kj = K + ((b * s.seqlen_k + j) * HK + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
-          scores[j] = dot * scale;
+          scores[j] = mod.score(dot * scale, i, j);
           row_max = std::max(row_max, scores[j]);
         }
         double* oi = O + ((b * s.seqlen_q + i) * H + h) * D;
         double* li = L + (b * H + h) * s.seqlen_q + i;
-        if (visible == 0) {  // no visible key: out stays 0, lse is -inf
+        if (row_max == neg_inf) {  // no visible key: out stays 0, lse is -inf
           *li = neg_inf;
           continue;
         }
         double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = 0; j < s.seqlen_k; ++j) {
           scores[j] = std::exp(scores[j] - row_max);
           sum += scores[j];
         }
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+          if (scores[j] == 0) continue;
           const double* vj = V + ((b * s.seqlen_k + j) * HK + hk) * D;
           const double p = scores[j] / sum;
           for (int64_t d = 0; d < D; ++d) oi[d] += p * vj[d];

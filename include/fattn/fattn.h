@@ -35,25 +35,34 @@ inline void keep_library_linked() {
 // Attention of q over k, v: softmax(q k^T * softmax_scale) v per head.
 // Returns (out, lse): out [batch, seqlen_q, heads, head_dim] in q's dtype, lse float32
 // [batch, heads, seqlen_q] (natural log of the softmax denominator, -inf for a row that
-// attends to nothing). softmax_scale defaults to 1/sqrt(head_dim). With causal and
-// seqlen_q != seqlen_k the mask is aligned to the bottom-right corner: query i sees keys
-// j <= i + seqlen_k - seqlen_q, so a decode step's single query sees the whole cache.
-// Inference only: autograd for the operator is registered by the Python package.
+// attends to nothing). softmax_scale defaults to 1/sqrt(head_dim). Masks are aligned to the
+// bottom-right corner: query i sees key j iff i + d - window_left <= j <= i + d + window_right,
+// d = seqlen_k - seqlen_q, a side < 0 being unbounded; causal forces window_right = 0, so a
+// decode step's single query sees the whole cache. softcap > 0 maps a score s to
+// softcap * tanh(s / softcap); alibi_slopes (float32 [heads] or [batch, heads]) then adds
+// -slope * |i + d - j|. Inference only: autograd for the operator is registered by the
+// Python package.
 inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v,
                                                   std::optional<double> softmax_scale = std::nullopt,
-                                                  bool causal = false) {
+                                                  bool causal = false, int64_t window_left = -1,
+                                                  int64_t window_right = -1, double softcap = 0.0,
+                                                  const std::optional<at::Tensor>& alibi_slopes = std::nullopt) {
   detail::keep_library_linked();
   // Schema: forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None,
-  //                 bool causal=False, bool deterministic=False) -> (Tensor out, Tensor lse)
+  //                 bool causal=False, bool deterministic=False, int window_left=-1,
+  //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None)
+  //          -> (Tensor out, Tensor lse)
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fattn::forward", "")
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                     const at::Tensor&, std::optional<double>,
-                                                    bool, bool)>();
+                                                    bool, bool, int64_t, int64_t, double,
+                                                    const std::optional<at::Tensor>&)>();
   // `deterministic` only matters to the backward, which C++ callers do not run.
-  return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false);
+  return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false, window_left, window_right,
+                 softcap, alibi_slopes);
 }
 
 // Flash decoding: attention of a few new query tokens (1 <= seqlen_q <= 16) over a KV cache,

@@ -122,3 +122,27 @@ def window_pair(fn: str, window_size) -> tuple[int, int]:
         return int(window_size[0]), int(window_size[1])
     raise TypeError(f"fattn.{fn}: window_size must be a (left, right) pair of ints, -1 for unbounded, "
                     f"got {window_size!r}")
+
+
+def check_softcap(op: str, softcap) -> None:
+    if isinstance(softcap, (int, float)) and not (softcap >= 0 and math.isfinite(softcap)):
+        fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", f"{softcap:g}")
+
+
+def check_window(op: str, window_left, window_right) -> None:
+    for name, w in (("window_left", window_left), ("window_right", window_right)):
+        if isinstance(w, int) and w < -1:
+            fail(op, name, " is ", w, "; expected -1 (unbounded) or >= 0")
+
+
+def check_alibi_slopes(op: str, alibi_slopes, q, batch, heads) -> None:
+    """float32 [heads] or [batch, heads] on q's device (flash-attn's two forms)."""
+    if alibi_slopes is None:
+        return
+    if alibi_slopes.dtype != torch.float32:
+        fail(op, "alibi_slopes has dtype ", dtype_name(alibi_slopes.dtype), "; expected float32")
+    shape = tuple(alibi_slopes.shape)
+    if shape != (heads,) and shape != (batch, heads):
+        fail(op, "alibi_slopes has shape ", shape_of(alibi_slopes), "; expected [heads] = [", heads,
+             "] or [batch, heads] = [", batch, ", ", heads, "]")
+    check_same_device(op, "alibi_slopes", alibi_slopes, "q", q)

@@ -10,8 +10,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._checks import (
-    check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_last_dim_contiguous,
-    check_rank, check_same_device, check_same_dtype, dtype_name, fail, lse_dtype, shape_of, window_pair,
+    check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_softcap, check_window,
+    dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from ._library import load_library
 
@@ -51,9 +52,16 @@ def flash_attn_func(
         softmax_scale: multiplies q @ k^T before the softmax; default 1/sqrt(head_dim).
         causal: mask keys after the query's position, aligned to the bottom-right
            corner when seqlen_q != seqlen_k (query i sees key j iff
-           j <= i + seqlen_k - seqlen_q). Rows that see no key give 0.
-        window_size, softcap, alibi_slopes: flash-attn's sliding window, score softcap and
-           ALiBi; only their defaults ((-1, -1), 0.0, None) are accepted for now (others raise).
+           j <= i + seqlen_k - seqlen_q). Rows that see no key give out 0 and lse -inf.
+           Same as window_size=(left, 0).
+        window_size: (left, right) sliding window, -1 unbounded on that side: query i sees
+           key j iff i + d - left <= j <= i + d + right, d = seqlen_k - seqlen_q. Key tiles
+           outside every window of a query tile are skipped (time grows with the window).
+        softcap: if > 0, scores become softcap * tanh(scores / softcap) (Gemma 2, Grok).
+        alibi_slopes: float32 [heads] or [batch, heads]: the score of key j for query i gets
+           -slope * |i + seqlen_k - seqlen_q - j| (after the softcap). Not differentiated.
+           flash-attn adds a row-constant-shifted bias under causal; out is the same, lse
+           differs by slope * (seqlen_q - 1 - i).
         deterministic: ask for a bitwise reproducible backward. The current
            backward kernels use no atomics, so every mode is reproducible.
         return_attn_probs: return (out, lse, None) as flash-attn does (its third item, the
@@ -67,8 +75,10 @@ def flash_attn_func(
         out [batch, seqlen_q, heads, head_dim] in q's dtype; (out, lse) with return_lse;
         (out, lse, None) with return_attn_probs.
     """
-    check_not_yet_supported("flash_attn_func", dropout_p, window_size, softcap, alibi_slopes)
-    out, lse = _attention(q, k, v, softmax_scale, causal, deterministic)
+    check_dropout("flash_attn_func", dropout_p)
+    window_left, window_right = window_pair("flash_attn_func", window_size)
+    out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
+                          alibi_slopes)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
@@ -93,42 +103,45 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                            deterministic, return_attn_probs, return_lse=return_lse)
 
 
-def check_not_yet_supported(fn, dropout_p, window_size, softcap, alibi_slopes):
-    """flash-attn's arguments that fattn takes in flash-attn's positions but does not implement
-    yet: anything but their defaults raises instead of being ignored."""
+def check_dropout(fn, dropout_p):
+    """Dropout is taken in flash-attn's position but not implemented yet: anything but 0 raises
+    instead of being ignored."""
     if dropout_p != 0.0:
         raise NotImplementedError(f"fattn.{fn}: dropout_p={dropout_p} is not supported yet; pass 0.0")
-    if window_pair(fn, window_size) != (-1, -1):
-        raise NotImplementedError(f"fattn.{fn}: window_size={tuple(window_size)} is not supported yet; "
-                                  "pass (-1, -1)")
-    if softcap != 0.0:
-        raise NotImplementedError(f"fattn.{fn}: softcap={softcap} is not supported yet; pass 0.0")
-    if alibi_slopes is not None:
-        raise NotImplementedError(f"fattn.{fn}: alibi_slopes is not supported yet; pass None")
 
 
-def _attention(q, k, v, softmax_scale, causal, deterministic):
-    """(out, lse) through the cheapest path that keeps gradients right."""
+def _attention(*args):
+    """(out, lse) through the cheapest path that keeps gradients right. args: the op's
+    (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
+    alibi_slopes)."""
+    q, k, v = args[:3]
     if _is_compiling():
         # Traced graphs differentiate through the op's registered autograd.
-        out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+        out, lse = _forward_op(*args)
     elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic)
+        out, lse = _EagerAttention.apply(*args)
     else:
         # No gradient can flow: skip the Python autograd kernel of register_autograd, which
         # would only find that out itself and redispatch below autograd.
         with _below_autograd():
-            out, lse = _forward_op(q, k, v, softmax_scale, causal, deterministic)
+            out, lse = _forward_op(*args)
     return out, lse
 
 
 # ---------------------------------------------------------------- autograd
 
+# fattn::forward's defaults after q, k, v: softmax_scale, causal, deterministic, window_left,
+# window_right, softcap, alibi_slopes (csrc/register.cpp); tests/test_op_samples.py checks them.
+_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None]
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, deterministic = inputs
+    q, k, v, *options = inputs
+    options += _OPTION_DEFAULTS[len(options):]  # what the call left to the schema's defaults
+    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes = options
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     # An output nobody used gets None, not a zero tensor: no allocation, no fill, and the
     # backward skips the dlse term.
     ctx.set_materialize_grads(False)
@@ -136,11 +149,11 @@ def _setup_context(ctx, inputs, output):
 
 @once_differentiable  # no double backward yet: differentiating twice raises instead of giving 0
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
@@ -152,10 +165,10 @@ class _EagerAttention(torch.autograd.Function):
     benchmarks/profile_host.py), a plain autograd.Function a fraction of that."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, deterministic):
+    def forward(ctx, *args):
         with _below_autograd():
-            output = _forward_op(q, k, v, softmax_scale, causal, deterministic)
-        _setup_context(ctx, (q, k, v, softmax_scale, causal, deterministic), output)
+            output = _forward_op(*args)
+        _setup_context(ctx, args, output)
         return output
 
     @staticmethod
@@ -223,9 +236,19 @@ def _check_backward_inputs(op: str, s: AttentionShape, q, dout, out, lse, dlse) 
         check_same_device(op, name, t, "q", q)
 
 
+def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_right, softcap, alibi_slopes):
+    """The op's checks of the variant arguments, in the op's order (after the inputs')."""
+    check_window(op, window_left, window_right)
+    check_softcap(op, softcap)
+    check_alibi_slopes(op, alibi_slopes, q, s.batch, s.heads)
+
+
 @torch.library.register_fake("fattn::forward")
-def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False):
-    s = check_attention_inputs("fattn.forward", q, k, v, softmax_scale)
+def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
+                  softcap=0.0, alibi_slopes=None):
+    op = "fattn.forward"
+    s = check_attention_inputs(op, q, k, v, softmax_scale)
+    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
     # Both outputs are fresh and contiguous, as the op allocates them.
     out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim))
     lse = q.new_empty((s.batch, s.heads, s.seqlen_q), dtype=lse_dtype(q.dtype))
@@ -233,9 +256,11 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False
 
 
 @torch.library.register_fake("fattn::backward")
-def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
+def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1,
+                   window_right=-1, softcap=0.0, alibi_slopes=None):
     op = "fattn.backward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     _check_backward_inputs(op, s, q, dout, out, lse, dlse)
+    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
     # Fresh contiguous gradients shaped like q, k and v.
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

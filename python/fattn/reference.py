@@ -13,21 +13,39 @@ import torch
 from ._checks import lse_dtype
 
 
-def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64):
-    """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix."""
+def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
+                        softcap=0.0, alibi_slopes=None):
+    """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
+
+    Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
+    d = seqlen_k - seqlen_q, right forced to 0 by `causal`. Scores: scale * q.k, then
+    softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d - j| with alibi_slopes
+    ([heads] or [batch, heads]).
+    """
     out_dtype = q.dtype
     q, k, v = (t.to(dtype) for t in (q, k, v))
-    heads, kv_heads, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    batch, seqlen_q, heads, head_dim = q.shape
+    kv_heads, seqlen_k = k.shape[2], k.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     group = heads // kv_heads
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    row = torch.arange(seqlen_q, device=q.device)[:, None]
+    col = torch.arange(seqlen_k, device=q.device)[None, :]
+    diag = seqlen_k - seqlen_q
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype).expand(batch, heads)[:, :, None, None]
+        scores = scores - slopes * (row + diag - col).abs().to(dtype)
+    left, right = window_size
     if causal:
-        row = torch.arange(seqlen_q, device=q.device)[:, None]
-        col = torch.arange(seqlen_k, device=q.device)[None, :]
-        scores = scores.masked_fill(col > row + (seqlen_k - seqlen_q), float("-inf"))
+        right = 0
+    if right >= 0:
+        scores = scores.masked_fill(col > row + diag + right, float("-inf"))
+    if left >= 0:
+        scores = scores.masked_fill(col < row + diag - left, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)

@@ -17,7 +17,7 @@ from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, referenc
 from .library import check_stable_abi
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
-    check_fake_raises_like_op, decode_samples, forward_samples, merge_samples,
+    check_fake_raises_like_op, decode_samples, forward_samples, merge_samples, reference_variant,
 )
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
-    "poison_allocator", "recompiles_forbidden", "references", "requires_gpu", "run_decode", "seqlens_tensor",
+    "poison_allocator", "recompiles_forbidden", "reference_variant", "references", "requires_gpu", "run_decode",
+    "seqlens_tensor",
 ]

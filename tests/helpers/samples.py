@@ -5,7 +5,8 @@ A generator takes (device, dtype) and yields Sample(name, args), args being the 
 positional arguments in its schema's order, made of fresh random tensors. Shapes stay
 small so that finite differences in float64 stay quick. Together the forward samples
 cover GQA and MQA, seqlen_q above and below seqlen_k, causal rows that see no key,
-strided views, an explicit softmax scale and empty sequences; the backward samples the
+strided views, an explicit softmax scale, empty sequences, sliding windows (rows outside
+every window), softcaps and ALiBi slopes of both shapes, alone and composed; the backward samples the
 same with and without dlse and with a strided dout; the decode samples every cache
 layout, paging, the append, windows, softcap, split counts and sequences with no key; the
 merge samples partials and rows that saw no key, strided inputs and an empty batch.
@@ -36,7 +37,8 @@ class Sample:
     args: tuple
 
 
-# name, (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim), layout, softmax_scale, causal
+# name, (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim), layout, softmax_scale, causal[,
+# variant: window (left, right), softcap, alibi "heads" ([heads] slopes) or "batch" ([batch, heads])]
 FORWARD_CASES = [
     ("gqa2", (2, 5, 7, 4, 2, 8), "contiguous", None, False),
     ("gqa2-causal", (2, 5, 7, 4, 2, 8), "contiguous", None, True),
@@ -52,25 +54,55 @@ FORWARD_CASES = [
     ("strided-gqa2-d40-causal", (1, 7, 9, 6, 3, 40), "strided", None, True),
     ("seqlen_q0", (2, 0, 5, 2, 2, 16), "contiguous", None, False),
     ("seqlen_k0-causal", (1, 3, 0, 2, 2, 16), "contiguous", None, True),
+    ("window3-1", (2, 9, 11, 4, 2, 8), "contiguous", None, False, dict(window=(3, 1))),
+    ("window0-0-rows-without-keys", (1, 12, 5, 2, 2, 8), "contiguous", None, False, dict(window=(0, 0))),
+    ("window2-causal-softcap", (1, 7, 7, 2, 1, 16), "contiguous", None, True, dict(window=(2, 5), softcap=1.5)),
+    ("softcap0.5-gqa2", (2, 5, 7, 4, 2, 8), "contiguous", 0.9, False, dict(softcap=0.5)),
+    ("alibi-heads-sq4-sk9", (2, 4, 9, 4, 2, 8), "contiguous", None, False, dict(alibi="heads")),
+    ("strided-alibi-batch-softcap-window-causal", (2, 9, 6, 2, 2, 16), "strided", 0.5, True,
+     dict(window=(1, -1), softcap=2.0, alibi="batch")),
 ]
 
 
+def alibi_slopes(kind, batch, heads, device):
+    """Random positive float32 slopes shaped as `kind` says ("heads", "batch") or None."""
+    if kind is None:
+        return None
+    shape = (heads,) if kind == "heads" else (batch, heads)
+    return torch.rand(shape, device=device) * 0.5 + 0.05
+
+
+def forward_variant_args(variant, batch, heads, device):
+    """(window_left, window_right, softcap, alibi_slopes): the op's variant arguments."""
+    window = variant.get("window", (-1, -1))
+    return (window[0], window[1], variant.get("softcap", 0.0),
+            alibi_slopes(variant.get("alibi"), batch, heads, device))
+
+
+def reference_variant(forward_args):
+    """fattn.reference.attention_reference's keywords for a forward sample's variant arguments."""
+    window_left, window_right, softcap, alibi = forward_args[6:10]
+    return dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi)
+
+
 def forward_samples(device, dtype, requires_grad=False):
-    """fattn::forward(q, k, v, softmax_scale, causal, deterministic)."""
-    for name, shape, layout, softmax_scale, causal in FORWARD_CASES:
+    """fattn::forward(q, k, v, softmax_scale, causal, deterministic, window_left, window_right,
+    softcap, alibi_slopes)."""
+    for name, shape, layout, softmax_scale, causal, *variant in FORWARD_CASES:
         q, k, v = make_qkv(*shape, dtype, device, layout=layout)
         if requires_grad:
             q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        yield Sample(name, (q, k, v, softmax_scale, causal, False))
+        options = forward_variant_args(variant[0] if variant else {}, shape[0], shape[3], device)
+        yield Sample(name, (q, k, v, softmax_scale, causal, False, *options))
 
 
 def backward_samples(device, dtype):
-    """fattn::backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic) at
-    the forward samples' points: dlse given or None, deterministic or not (every pairing), dout
-    strided in every third."""
+    """fattn::backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic,
+    window_left, window_right, softcap, alibi_slopes) at the forward samples' points: dlse given
+    or None, deterministic or not (every pairing), dout strided in every third."""
     for i, sample in enumerate(forward_samples(device, dtype)):
-        q, k, v, softmax_scale, causal, _ = sample.args
-        out, lse = FORWARD(q, k, v, softmax_scale, causal, False)
+        q, k, v, softmax_scale, causal, _, *variant = sample.args
+        out, lse = FORWARD(q, k, v, softmax_scale, causal, False, *variant)
         if i % 3 == 2:
             batch, seqlen_q, heads, head_dim = out.shape
             dout = torch.randn(batch, heads, seqlen_q, head_dim, dtype=dtype, device=device).transpose(1, 2)
@@ -78,7 +110,7 @@ def backward_samples(device, dtype):
             dout = torch.randn_like(out)
         dlse = torch.randn_like(lse) if i % 2 == 0 else None
         name = f"{sample.name}-{'dlse' if dlse is not None else 'no-dlse'}{'-strided-dout' if i % 3 == 2 else ''}"
-        yield Sample(name, (dout, q, k, v, out, lse, dlse, softmax_scale, causal, i % 4 < 2))
+        yield Sample(name, (dout, q, k, v, out, lse, dlse, softmax_scale, causal, i % 4 < 2, *variant))
 
 
 # name, page_size (None: contiguous cache), storage layout, new tokens, cache_seqlens (None:

@@ -1,0 +1,57 @@
+"""The forward and backward kernels' logic on a CPU: triton_src/forward.py and backward.py run
+by Triton's interpreter (tests/interpret_attention_kernels.py) against fattn's float64 CPU ops.
+
+CI has no GPU, so this is where the window ranges (the masked edges, the unmasked middle and
+the skipped tiles, in both the key-tile and the query-tile direction), the softcap and its
+derivative, ALiBi and rows outside every window are checked in the Triton source before the
+device runs the compiled cubins (test_variants_gpu.py)."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("interpret_attention_kernels.py")
+CASES = [
+    "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",
+    "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
+    "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
+]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    pytest.importorskip("triton", reason="the Triton interpreter needs triton (a build requirement)")
+    numpy = pytest.importorskip("numpy")
+    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 3):
+        pytest.skip(f"Triton 3.6's interpreter fails with numpy {numpy.__version__} (it needs numpy < 2.3)")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    seed = str(random.randrange(1 << 30))  # fresh inputs every run; the seed is in the failure message
+    run = subprocess.run([sys.executable, str(SCRIPT), seed], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"seed {seed}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return seed, {r["case"]: r for r in rows}
+
+
+def test_every_case_ran(interpreted):
+    seed, rows = interpreted
+    assert sorted(rows) == sorted(CASES), f"seed {seed}: {sorted(rows)}"
+    # Rows that see no key (causal or a window with seqlen_q > seqlen_k) occur, and must come
+    # out empty.
+    assert rows["causal-sq-above-sk"]["empty_rows"] > 0
+    assert rows["window0-0-sq-above-sk"]["empty_rows"] > 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernels_match_cpu_ops(interpreted, case):
+    seed, rows = interpreted
+    r = rows[case]
+    # fp32 kernels against the float64 definition: rounding only (NaN fails: an unwritten element).
+    for name in ("out", "dq", "dk", "dv"):
+        assert r[f"{name}_err"] < 2e-5, f"seed {seed} {case}: {name} error {r[f'{name}_err']}"
+    assert r["lse_pattern"], f"seed {seed} {case}: the -inf rows of lse differ"
+    assert r["lse_err"] < 2e-5, f"seed {seed} {case}: lse error {r['lse_err']}"

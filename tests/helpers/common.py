@@ -50,10 +50,11 @@ def poison_allocator(*shapes_dtypes, device):
     del blocks
 
 
-def check_accuracy(out, lse, q, k, v, softmax_scale, causal, what=""):
-    """The flash-attn rule: max |fattn - ref64| <= 2 * max |torch_lowp - ref64| + 1e-5."""
-    ref64, ref_lse = attention_reference(q.double(), k.double(), v.double(), softmax_scale, causal)
-    low_out, _ = attention_reference(q, k, v, softmax_scale, causal, dtype=q.dtype)
+def check_accuracy(out, lse, q, k, v, softmax_scale, causal, what="", **variant):
+    """The flash-attn rule: max |fattn - ref64| <= 2 * max |torch_lowp - ref64| + 1e-5.
+    `variant`: attention_reference's window_size, softcap, alibi_slopes."""
+    ref64, ref_lse = attention_reference(q.double(), k.double(), v.double(), softmax_scale, causal, **variant)
+    low_out, _ = attention_reference(q, k, v, softmax_scale, causal, dtype=q.dtype, **variant)
     assert not torch.isnan(out).any(), f"{what}: NaN in out (unwritten or bad math)"
     err = (out.double() - ref64).abs().max().item()
     base = (low_out.double() - ref64).abs().max().item()

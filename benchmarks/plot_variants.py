@@ -1,0 +1,53 @@
+"""Plots bench_variants.py's JSON: fattn's time per variant, forward and backward.
+
+    python benchmarks/plot_variants.py benchmarks/results/variants_h100/variants.json   # writes variants.png
+
+Left: the window study (time against the window at a fixed sequence length; -1 is full causal).
+Right: the score_mod study (time of plain attention, softcap, ALiBi and both, causal and not).
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from plot import pyplot
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="PNG path (default: beside the JSON)")
+    args = parser.parse_args()
+    data = json.loads(args.json.read_text())
+    rows = [r for r in data["rows"] if r["impl"] == "fattn" and r["ms"]]
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for direction, marker in (("forward", "o"), ("backward", "s")):
+        win = [r for r in rows if r["study"] == "window" and r["pass"] == direction]
+        labels = [str(r["window_left"]) if r["window_left"] >= 0 else "causal" for r in win]
+        left.plot(labels, [r["ms"] for r in win], marker=marker, label=direction)
+    if rows:
+        left.set_title(f"window (left, 0) at {rows[0]['seqlen']} tokens, d{rows[0]['head_dim']}")
+    left.set_xlabel("window_left")
+    left.set_ylabel("ms per call (lower is better)")
+    left.legend()
+    mods = [r for r in rows if r["study"] == "score_mod"]
+    cases = list(dict.fromkeys((r["mod"], r["causal"]) for r in mods))
+    width = 0.4
+    for i, direction in enumerate(("forward", "backward")):
+        ms = {(r["mod"], r["causal"]): r["ms"] for r in mods if r["pass"] == direction}
+        right.bar([c + (i - 0.5) * width for c in range(len(cases))], [ms.get(c, 0) for c in cases], width,
+                  label=direction)
+    right.set_xticks(range(len(cases)), [f"{m}\n{'causal' if c else 'full'}" for m, c in cases], fontsize=7)
+    right.set_title("softcap 30 / ALiBi at 8k tokens")
+    right.set_ylabel("ms per call (lower is better)")
+    right.legend()
+    fig.suptitle(f"{data['device']['name']}, torch {data['versions']['torch']}: fattn attention variants")
+    fig.tight_layout()
+    out = args.out or args.json.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

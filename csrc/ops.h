@@ -32,6 +32,24 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS);
 std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
 
+// fattn::varlen_forward / varlen_backward: the same over packed sequences, q [total_q,
+// heads, head_dim], k/v [total_k, kv_heads, head_dim], sequence b at rows [cu_seqlens[b],
+// cu_seqlens[b + 1]) (its first seqused_k[b] keys when given). out is shaped like q, lse
+// [heads, total_q]; rows outside every sequence get out 0 and lse 0.
+#define FATTN_VARLEN_ARGS Tensor cu_seqlens_q, Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, \
+                          std::optional<Tensor> seqused_k
+#define FATTN_VARLEN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, FATTN_VARLEN_ARGS, \
+                                  std::optional<double> softmax_scale, bool causal, bool deterministic, \
+                                  FATTN_VARIANT_ARGS
+#define FATTN_VARLEN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
+                                   std::optional<Tensor> dlse, FATTN_VARLEN_ARGS, \
+                                   std::optional<double> softmax_scale, bool causal, bool deterministic, \
+                                   FATTN_VARIANT_ARGS
+std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS);
+std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS);
+std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_ARGS);
+std::tuple<Tensor, Tensor, Tensor> varlen_backward_cpu(FATTN_VARLEN_BACKWARD_ARGS);
+
 // fattn::merge_attention_states: one (out, lse) from a stack of partial results over
 // disjoint key sets, weighted by their lse in fp32; -inf partials are ignored.
 std::tuple<Tensor, Tensor> merge_cuda(Tensor outs, Tensor lses);

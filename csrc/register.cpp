@@ -15,6 +15,14 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "
         "float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? seqused_k=None, float? softmax_scale=None, "
+        "bool causal=False, bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+        "Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)");
+  m.def("varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? seqused_k, "
+        "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "
+        "float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("merge_attention_states(Tensor outs, Tensor lses) -> (Tensor out, Tensor lse)");
   // k_cache and v_cache are written in place when k and v are given (the append).
   m.def("decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
@@ -25,6 +33,8 @@ STABLE_TORCH_LIBRARY(fattn, m) {
 STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
   m.impl("forward", FATTN_BOX(&fattn::forward_cuda));
   m.impl("backward", FATTN_BOX(&fattn::backward_cuda));
+  m.impl("varlen_forward", FATTN_BOX(&fattn::varlen_forward_cuda));
+  m.impl("varlen_backward", FATTN_BOX(&fattn::varlen_backward_cuda));
   m.impl("merge_attention_states", FATTN_BOX(&fattn::merge_cuda));
   m.impl("decode", FATTN_BOX(&fattn::decode_cuda));
 }
@@ -32,6 +42,8 @@ STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
 STABLE_TORCH_LIBRARY_IMPL(fattn, CPU, m) {
   m.impl("forward", FATTN_BOX(&fattn::forward_cpu));
   m.impl("backward", FATTN_BOX(&fattn::backward_cpu));
+  m.impl("varlen_forward", FATTN_BOX(&fattn::varlen_forward_cpu));
+  m.impl("varlen_backward", FATTN_BOX(&fattn::varlen_backward_cpu));
   m.impl("merge_attention_states", FATTN_BOX(&fattn::merge_cpu));
   m.impl("decode", FATTN_BOX(&fattn::decode_cpu));
 }

@@ -3,7 +3,9 @@
 test_attention_kernels_interpreted.py in a fresh process, because Triton reads
 TRITON_INTERPRET when the kernels are decorated.
 
-The launches mirror csrc/attention/forward_cuda.cpp and backward_cuda.cpp, through the
+Dense cases compare with fattn::forward/backward, packed (varlen) cases, random sequence
+lengths with and without seqused_k, with fattn::varlen_forward/varlen_backward. The
+launches mirror csrc/attention/forward_cuda.cpp and backward_cuda.cpp, through the
 kernels' specs (triton_src/spec.py), which take every argument by name as the C++ launchers
 do; the score encoding (qk_scale, softcap_log2) is attention_variant.cpp's kernel_scores.
 Prints one JSON line per case with the largest errors of out, lse, dq, dk and dv.
@@ -37,8 +39,8 @@ LAUNCH = dict(num_warps=4, num_stages=1)  # the interpreter runs a program as on
 LOG2E = math.log2(math.e)
 
 
-def variant_args(q, causal, window, softcap, alibi):
-    batch, seqlen_q, heads, head_dim = q.shape
+def variant_args(q, batch, causal, window, softcap, alibi):
+    head_dim = q.shape[-1]
     scale = 1 / math.sqrt(head_dim)
     left, right = window
     slopes = alibi if alibi is not None else torch.zeros(1)
@@ -50,33 +52,55 @@ def variant_args(q, causal, window, softcap, alibi):
         softcap_log2=softcap * LOG2E if softcap > 0 else 0.0), scale
 
 
-def launch(q, k, v, dout, dlse, causal, window, softcap, alibi):
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    block_d = triton.next_power_of_2(head_dim)
-    shape = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=heads, kv_group_size=heads // kv_heads,
-                 head_dim=head_dim)
-    variant, scale = variant_args(q, causal, window, softcap, alibi)
-    tiles = dict(BLOCK_D=block_d, PAD_D=block_d != head_dim, SCORE_MOD=softcap > 0 or alibi is not None)
-    qkv = dict(Q=q, K=k, V=v, **tensor_strides("q", q), **tensor_strides("k", k), **tensor_strides("v", v))
+def rows(tag, t):
+    """row_strides of csrc/attention/kernel_layout.h: a packed [total, heads, dim] tensor has batch stride 0."""
+    if t.dim() == 4:
+        return tensor_strides(tag, t)
+    return {f"stride_{tag}b": 0, f"stride_{tag}s": t.stride(0), f"stride_{tag}h": t.stride(1)}
 
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((batch, heads, seqlen_q), float("nan"))
+
+def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None):
+    """packing: None (dense) or (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)."""
+    heads, head_dim = q.shape[-2], q.shape[-1]
+    kv_heads = k.shape[-2]
+    if packing is None:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        lse = torch.full((batch, heads, seqlen_q), float("nan"))
+        unused = torch.zeros(1, dtype=torch.int32)
+        layout = dict(stride_lseb=lse.stride(0), stride_lseh=lse.stride(1), CuSeqlensQ=unused, CuSeqlensK=unused,
+                      SequsedK=unused, use_cu_seqlens=0, use_seqused_k=0)
+        out = torch.full_like(q, float("nan"))
+    else:
+        cu_q, cu_k, used, seqlen_q, seqlen_k = packing
+        batch = cu_q.numel() - 1
+        lse = torch.zeros(heads, q.shape[0])  # packed rows outside every sequence stay 0, as the op leaves them
+        layout = dict(stride_lseb=0, stride_lseh=lse.stride(0), CuSeqlensQ=cu_q, CuSeqlensK=cu_k,
+                      SequsedK=used if used is not None else cu_k, use_cu_seqlens=1,
+                      use_seqused_k=int(used is not None))
+        out = torch.zeros_like(q)
+    block_d = triton.next_power_of_2(head_dim)
+    shape = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, kv_group_size=heads // kv_heads, head_dim=head_dim)
+    variant, scale = variant_args(q, batch, causal, window, softcap, alibi)
+    tiles = dict(BLOCK_D=block_d, PAD_D=block_d != head_dim, SCORE_MOD=softcap > 0 or alibi is not None)
+    qkv = dict(Q=q, K=k, V=v, **rows("q", q), **rows("k", k), **rows("v", v))
+
     ATTN_FWD.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, **tiles, BLOCK_M=BLOCK_M,
-                    BLOCK_N=BLOCK_N, **qkv, Out=out, Lse=lse, **tensor_strides("o", out), **shape, **variant)
+                    BLOCK_N=BLOCK_N, **qkv, Out=out, Lse=lse, **rows("o", out), **layout, **shape, **variant)
 
     delta = torch.full_like(lse, float("nan"))
     ATTN_BWD_PREPROCESS.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, BLOCK_M=BLOCK_M,
                                BLOCK_D=block_d, PAD_D=block_d != head_dim, HAS_DLSE=True, Out=out, DO=dout,
-                               DLse=dlse, Delta=delta, **tensor_strides("o", out), **tensor_strides("do", dout),
-                               seqlen_q=seqlen_q, num_heads=heads, head_dim=head_dim)
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    grads = dict(**qkv, DO=dout, Lse=lse, Delta=delta, **tensor_strides("do", dout), **shape, **variant,
+                               DLse=dlse, Delta=delta, **rows("o", out), **rows("do", dout),
+                               stride_lseb=layout["stride_lseb"], stride_lseh=layout["stride_lseh"],
+                               CuSeqlensQ=layout["CuSeqlensQ"], use_cu_seqlens=layout["use_cu_seqlens"],
+                               seqlen_q=seqlen_q, head_dim=head_dim)
+    # Packed gradients start zeroed, as the op allocates them (rows past seqused_k are not written).
+    dq, dk, dv = ((torch.zeros_like if packing else lambda t: torch.full_like(t, float("nan")))(t) for t in (q, k, v))
+    grads = dict(**qkv, DO=dout, Lse=lse, Delta=delta, **rows("do", dout), **layout, **shape, **variant,
                  softmax_scale=scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **tiles)
     ATTN_BWD_DKDV.launch((triton.cdiv(seqlen_k, BLOCK_N), kv_heads, batch), **LAUNCH, **grads, DK=dk, DV=dv,
-                         **tensor_strides("dk", dk), **tensor_strides("dv", dv))
-    ATTN_BWD_DQ.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, **grads, DQ=dq,
-                       **tensor_strides("dq", dq))
+                         **rows("dk", dk), **rows("dv", dv))
+    ATTN_BWD_DQ.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, **grads, DQ=dq, **rows("dq", dq))
     return out, lse, dq, dk, dv
 
 
@@ -97,6 +121,14 @@ CASES = [
     ("all-causal-window-sq-above-sk", 57, 39, 4, 2, 16, True, (12, -1), 3.0, "heads"),
 ]
 
+PACKED_CASES = [
+    # name, batch, heads, kv_heads, head_dim, causal, window, softcap, alibi, seqused_k, equal q/k lengths
+    ("varlen-gqa2", 4, 4, 2, 16, False, (-1, -1), 0.0, None, False, True),
+    ("varlen-causal-q-and-k-differ", 5, 2, 2, 24, True, (-1, -1), 0.0, None, False, False),
+    ("varlen-window-softcap-alibi", 3, 4, 1, 16, False, (6, 2), 2.0, "batch", False, True),
+    ("varlen-seqused-k-causal", 4, 2, 2, 16, True, (-1, -1), 0.0, None, True, False),
+]
+
 
 def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind):
     batch = 2
@@ -112,10 +144,46 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     want = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
                                     dlse.double().masked_fill(~finite, 0), None, *options)
     got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi)
+    return compare(name, got, want_out, want_lse, want)
+
+
+def packed_lengths(batch, equal):
+    """Random lengths 0..70 (an empty sequence included) for q, and for k equal or independent."""
+    lq = torch.randint(1, 70, (batch,))
+    lq[1] = 0
+    lk = lq.clone() if equal else torch.randint(1, 70, (batch,))
+    return lq, lk
+
+
+def run_packed_case(name, batch, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind, seqused, equal):
+    lq, lk = packed_lengths(batch, equal)
+    cu_q = torch.nn.functional.pad(lq.cumsum(0), (1, 0)).int()
+    cu_k = torch.nn.functional.pad(lk.cumsum(0), (1, 0)).int()
+    used = (lk * torch.rand(batch)).long().int() if seqused else None
+    # Two spare rows past the last sequence: the op must leave them alone (zeros).
+    q = torch.randn(int(cu_q[-1]) + 2, heads, head_dim)
+    k = torch.randn(int(cu_k[-1]) + 2, kv_heads, head_dim)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    alibi = None if alibi_kind is None else torch.rand((heads,) if alibi_kind == "heads" else (batch, heads)) * 0.3
+    max_q, max_k = int(lq.max()), int(lk.max())
+    options = (None, causal, False, window[0], window[1], softcap, alibi)
+    varlen = (cu_q, cu_k, max_q, max_k, used)
+    want_out, want_lse = torch.ops.fattn.varlen_forward(q.double(), k.double(), v.double(), *varlen, *options)
+    finite = torch.isfinite(want_lse)
+    dlse = torch.randn(heads, q.shape[0]).masked_fill(~finite, 0)
+    want = torch.ops.fattn.varlen_backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
+                                           dlse.double(), *varlen, *options)
+    got = launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=(cu_q, cu_k, used, max_q, max_k))
+    return compare(name, got, want_out, want_lse, want)
+
+
+def compare(name, got, want_out, want_lse, want_grads):
+    finite = torch.isfinite(want_lse)
     row = {"case": name, "empty_rows": int((~finite).sum()),
            "lse_pattern": bool(torch.equal(torch.isfinite(got[1]), finite)),
            "lse_err": (got[1].double()[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0}
-    for label, g, w in zip(("out", "dq", "dk", "dv"), (got[0], *got[2:]), (want_out, *want)):
+    for label, g, w in zip(("out", "dq", "dk", "dv"), (got[0], *got[2:]), (want_out, *want_grads)):
         row[f"{label}_err"] = (g.double() - w).abs().max().item()  # NaN if any element was left unwritten
     return row
 
@@ -124,3 +192,5 @@ if __name__ == "__main__":
     torch.manual_seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     for case in CASES:
         print(json.dumps(run_case(*case)), flush=True)
+    for case in PACKED_CASES:
+        print(json.dumps(run_packed_case(*case)), flush=True)

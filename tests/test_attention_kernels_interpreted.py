@@ -4,7 +4,9 @@ by Triton's interpreter (tests/interpret_attention_kernels.py) against fattn's f
 CI has no GPU, so this is where the window ranges (the masked edges, the unmasked middle and
 the skipped tiles, in both the key-tile and the query-tile direction), the softcap and its
 derivative, ALiBi and rows outside every window are checked in the Triton source before the
-device runs the compiled cubins (test_variants_gpu.py)."""
+device runs the compiled cubins (test_variants_gpu.py); and the packed (varlen) addressing:
+each program's sequence span, tiles past a short sequence's end, lse in [heads, total_q],
+seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py)."""
 
 import json
 import os
@@ -20,6 +22,7 @@ CASES = [
     "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
     "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
+    "varlen-gqa2", "varlen-causal-q-and-k-differ", "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
 ]
 
 
@@ -44,6 +47,7 @@ def test_every_case_ran(interpreted):
     # out empty.
     assert rows["causal-sq-above-sk"]["empty_rows"] > 0
     assert rows["window0-0-sq-above-sk"]["empty_rows"] > 0
+    assert rows["varlen-seqused-k-causal"]["empty_rows"] > 0
 
 
 @pytest.mark.parametrize("case", CASES)

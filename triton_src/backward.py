@@ -20,33 +20,37 @@ multiplies dS by its derivative 1 - tanh^2 before the products with Q and K.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, alibi_slope_log2, key_visible, modified_scores, visible_key_range, visible_query_range
-from .spec import KernelSpec, f32, f32_tensor, i32, slopes_tensor, strides, tensor
+from .common import (
+    LOG2E, alibi_slope_log2, key_visible, modified_scores, sequence_span, visible_key_range, visible_query_range,
+)
+from .spec import KernelSpec, f32, f32_tensor, i32, index_tensor, slopes_tensor, strides, tensor
 
 @triton.jit
 def attn_bwd_preprocess(
     Out, DO, DLse, Delta,
     stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
-    seqlen_q, num_heads, head_dim,
+    stride_lseb, stride_lseh, CuSeqlensQ, use_cu_seqlens,
+    seqlen_q, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
-    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). DLse/Delta: fp32 [batch, heads, seqlen_q] contiguous."""
+    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). DLse/Delta: fp32 in the forward's lse layout."""
     pid_m = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
+    q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < seqlen_q)[:, None]
     if PAD_D:
         mask = mask & (offs_d < head_dim)[None, :]
-    rows = offs_m[:, None].to(tl.int64)
+    rows = (q_start + offs_m)[:, None].to(tl.int64)
     o = tl.load(Out + batch * stride_ob + head * stride_oh + rows * stride_os + offs_d[None, :],
                 mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + batch * stride_dob + head * stride_doh + rows * stride_dos + offs_d[None, :],
                  mask=mask, other=0.0).to(tl.float32)
     delta = tl.sum(o * do, axis=1)
-    row_ptr = (batch * num_heads + head) * seqlen_q + offs_m
+    row_ptr = batch * stride_lseb + head * stride_lseh + q_start + offs_m
     if HAS_DLSE:
         delta -= tl.load(DLse + row_ptr, mask=offs_m < seqlen_q, other=0.0)
     tl.store(Delta + row_ptr, delta, mask=offs_m < seqlen_q)
@@ -120,7 +124,8 @@ def attn_bwd_dkdv(
     stride_dob, stride_dos, stride_doh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
-    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim, window_left, window_right,
+    stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
+    seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2, softmax_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -130,6 +135,14 @@ def attn_bwd_dkdv(
     pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
+    q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
+    k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
+    Q += q_start.to(tl.int64) * stride_qs
+    DO += q_start.to(tl.int64) * stride_dos
+    K += k_start.to(tl.int64) * stride_ks
+    V += k_start.to(tl.int64) * stride_vs
+    DK += k_start.to(tl.int64) * stride_dks
+    DV += k_start.to(tl.int64) * stride_dvs
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -148,7 +161,7 @@ def attn_bwd_dkdv(
         head = (kv_head * kv_group_size + g).to(tl.int64)
         q_base = Q + batch * stride_qb + head * stride_qh
         do_base = DO + batch * stride_dob + head * stride_doh
-        row_base = (batch * num_heads + head) * seqlen_q
+        row_base = batch * stride_lseb + head * stride_lseh + q_start
         alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
         # The rows at the window's right edge, those that see the whole tile, the left edge.
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
@@ -206,7 +219,8 @@ def attn_bwd_dq(
     stride_vb, stride_vs, stride_vh,
     stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh,
-    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim, window_left, window_right,
+    stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
+    seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2, softmax_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -218,13 +232,20 @@ def attn_bwd_dq(
     batch = tl.program_id(2).to(tl.int64)
     kv_head = (head // kv_group_size).to(tl.int64)
     head = head.to(tl.int64)
+    q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
+    k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
+    Q += q_start.to(tl.int64) * stride_qs
+    DO += q_start.to(tl.int64) * stride_dos
+    DQ += q_start.to(tl.int64) * stride_dqs
+    K += k_start.to(tl.int64) * stride_ks
+    V += k_start.to(tl.int64) * stride_vs
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
     q = _load_rows(Q + batch * stride_qb + head * stride_qh, offs_m, stride_qs, offs_d, seqlen_q, head_dim, PAD_D)
     do = _load_rows(DO + batch * stride_dob + head * stride_doh, offs_m, stride_dos, offs_d, seqlen_q, head_dim,
                     PAD_D)
-    row_base = (batch * num_heads + head) * seqlen_q
+    row_base = batch * stride_lseb + head * stride_lseh + q_start
     lse = _lse_log2(Lse, row_base, offs_m, seqlen_q)
     delta = tl.load(Delta + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
     k_base = K + batch * stride_kb + kv_head * stride_kh
@@ -248,21 +269,24 @@ def attn_bwd_dq(
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 
 
-_SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
+_PACKING = [*strides("lse", "bh", aligned=False), index_tensor("CuSeqlensQ"), index_tensor("CuSeqlensK"),
+            index_tensor("SequsedK"), i32("use_cu_seqlens"), i32("use_seqused_k")]
+_SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
           i32("window_left"), i32("window_right"),
           slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
           f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale")]
 
 ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
     tensor("Out"), tensor("DO"), f32_tensor("DLse"), f32_tensor("Delta"), *strides("o"), *strides("do"),
-    i32("seqlen_q"), i32("num_heads"), i32("head_dim", multiple_of=8),
+    *strides("lse", "bh", aligned=False), index_tensor("CuSeqlensQ"), i32("use_cu_seqlens"),
+    i32("seqlen_q"), i32("head_dim", multiple_of=8),
 ])
 ATTN_BWD_DKDV = KernelSpec(attn_bwd_dkdv, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"),
     tensor("DK"), tensor("DV"),
-    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"), *_SHAPE,
+    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"), *_PACKING, *_SHAPE,
 ])
 ATTN_BWD_DQ = KernelSpec(attn_bwd_dq, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ"),
-    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dq"), *_SHAPE,
+    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dq"), *_PACKING, *_SHAPE,
 ])

@@ -66,6 +66,20 @@ def merge_finish(total, m):
 
 
 @triton.jit
+def sequence_span(CuSeqlens, Seqused, batch, seqlen, use_cu_seqlens, use_seqused):
+    """(start, length) of sequence `batch` along the sequence dim. Dense layout: (0, seqlen).
+    Packed (varlen, use_cu_seqlens != 0): rows [CuSeqlens[b], CuSeqlens[b + 1]). With
+    use_seqused != 0 the length is Seqused[b] (the first rows of the span). Nothing is read
+    that is not used."""
+    packed = use_cu_seqlens != 0
+    start = tl.load(CuSeqlens + batch, mask=packed, other=0)
+    end = tl.load(CuSeqlens + batch + 1, mask=packed, other=0)
+    length = tl.where(packed, end - start, seqlen)
+    used = tl.load(Seqused + batch, mask=use_seqused != 0, other=0)
+    return start, tl.where(use_seqused != 0, used, length)
+
+
+@triton.jit
 def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
     """The attention mask, for broadcastable query/key index tensors: key k_idx < seqlen_k is
     visible to query q_idx iff q_idx + diagonal - window_left <= k_idx <= q_idx + diagonal +
@@ -134,9 +148,11 @@ def visible_key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
     if window_left >= 0:
         lo = tl.minimum(tl.maximum(start_m + diagonal - window_left, 0), hi)
         full_lo = tl.maximum(last_m + diagonal - window_left, 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
+    # A tile past its sequence's last query (varlen: the grid covers the longest) visits nothing.
+    hi = tl.where(start_m < seqlen_q, hi, 0)
+    lo = tl.minimum(lo, hi) // BLOCK_N * BLOCK_N
     full_lo = tl.minimum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, tl.cdiv(hi, BLOCK_N) * BLOCK_N)
-    full_hi = tl.maximum((full_hi // BLOCK_N) * BLOCK_N, full_lo)
+    full_hi = tl.maximum(tl.minimum((full_hi // BLOCK_N) * BLOCK_N, hi), full_lo)
     return lo, full_lo, full_hi, hi
 
 
@@ -160,6 +176,7 @@ def visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
     if window_left >= 0:  # row i sees key j only if j >= i + diagonal - window_left
         hi = tl.minimum(tl.maximum(last_n - diagonal + window_left + 1, 0), seqlen_q)
         full_hi = tl.maximum(start_n - diagonal + window_left + 1, 0) // BLOCK_M * BLOCK_M
+    hi = tl.where(start_n < seqlen_k, hi, 0)  # a key tile past its sequence's keys visits nothing
     lo = tl.minimum(lo, hi) // BLOCK_M * BLOCK_M
     full_lo = tl.minimum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, tl.cdiv(hi, BLOCK_M) * BLOCK_M)
     full_hi = tl.maximum(tl.minimum(full_hi, tl.cdiv(hi, BLOCK_M) * BLOCK_M), full_lo)

@@ -9,7 +9,10 @@ Scores live in the log2 domain: the host folds log2(e) into the softmax scale, s
 the kernel uses exp2 (one MUFU instruction) instead of exp.
 
 Layout is [batch, seqlen, heads, head_dim] with arbitrary batch/seq/head strides
-and a contiguous head_dim. Strides are int64 so tensors past 2**31 elements work.
+and a contiguous head_dim, or packed (varlen) [total, heads, head_dim] with sequence b at
+rows [cu_seqlens[b], cu_seqlens[b + 1]) (batch stride 0; the grid covers the longest
+sequence and tiles past a shorter one's end do nothing). Strides are int64 so tensors past
+2**31 elements work.
 
 Masking (causal, sliding window) is split in three loops, as in the Triton tutorial
 but with a window on both sides: key tiles that are entirely visible to every row of
@@ -25,8 +28,8 @@ so one variant serves either or both.
 import triton
 import triton.language as tl
 
-from .common import alibi_slope_log2, key_visible, modified_scores, softmax_finish, softmax_step, visible_key_range
-from .spec import KernelSpec, f32, f32_tensor, i32, slopes_tensor, strides, tensor
+from .common import alibi_slope_log2, key_visible, sequence_span, modified_scores, softmax_finish, softmax_step, visible_key_range
+from .spec import KernelSpec, f32, f32_tensor, i32, index_tensor, slopes_tensor, strides, tensor
 
 
 @triton.jit
@@ -82,16 +85,20 @@ def attn_fwd(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    seqlen_q, seqlen_k, num_heads, kv_group_size, head_dim, window_left, window_right,
+    stride_lseb, stride_lseh,
+    CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
+    seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
-    """Grid: (cdiv(seqlen_q, BLOCK_M), num_heads, batch).
+    """Grid: (cdiv(seqlen_q, BLOCK_M), heads, batch).
 
-    Lse is float32 [batch, heads, seqlen_q], contiguous, natural log. kv_group_size = q
-    heads per kv head (GQA). window_left/right: -1 unbounded, causal is window_right = 0.
+    Lse is float32, natural log, at Lse + batch * stride_lseb + head * stride_lseh + row
+    ([batch, heads, seqlen_q], or [heads, total_q] packed). kv_group_size = q heads per kv
+    head (GQA). seqlen_q/k are the dense lengths; packed sequences take theirs from
+    sequence_span (CuSeqlensQ/K, SequsedK). window_left/right: -1 unbounded, causal is window_right = 0.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap with a softcap, whose
     softcap_log2 = softcap * log2(e) (0 without). ALiBi slopes (float32, natural-log units)
     are read at Alibi + batch * stride_alibib + head * stride_alibih when use_alibi != 0.
@@ -103,6 +110,8 @@ def attn_fwd(
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
     kv_head = head // kv_group_size
+    q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
+    k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -110,9 +119,9 @@ def attn_fwd(
     row_in_range = offs_m < seqlen_q
     d_in_range = offs_d < head_dim
 
-    q_base = Q + batch * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = K + batch * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = V + batch * stride_vb + kv_head.to(tl.int64) * stride_vh
+    q_base = Q + batch * stride_qb + q_start.to(tl.int64) * stride_qs + head.to(tl.int64) * stride_qh
+    k_base = K + batch * stride_kb + k_start.to(tl.int64) * stride_ks + kv_head.to(tl.int64) * stride_kh
+    v_base = V + batch * stride_vb + k_start.to(tl.int64) * stride_vs + kv_head.to(tl.int64) * stride_vh
 
     q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qs + offs_d[None, :]
     if PAD_D:
@@ -151,19 +160,21 @@ def attn_fwd(
     out, lse = softmax_finish(acc, l_i, m_i)
 
     o_ptrs = (Out + batch * stride_ob + head.to(tl.int64) * stride_oh
-              + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :])
+              + (q_start + offs_m)[:, None].to(tl.int64) * stride_os + offs_d[None, :])
     if PAD_D:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_in_range[:, None] & d_in_range[None, :])
     else:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_in_range[:, None])
-    lse_ptrs = Lse + (batch * num_heads + head) * seqlen_q + offs_m
+    lse_ptrs = Lse + batch * stride_lseb + head.to(tl.int64) * stride_lseh + q_start + offs_m
     tl.store(lse_ptrs, lse, mask=row_in_range)
 
 
 ATTN_FWD = KernelSpec(attn_fwd, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("Out"), f32_tensor("Lse"),
-    *strides("q"), *strides("k"), *strides("v"), *strides("o"),
-    i32("seqlen_q"), i32("seqlen_k"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
+    *strides("q"), *strides("k"), *strides("v"), *strides("o"), *strides("lse", "bh", aligned=False),
+    index_tensor("CuSeqlensQ"), index_tensor("CuSeqlensK"), index_tensor("SequsedK"), i32("use_cu_seqlens"),
+    i32("use_seqused_k"),
+    i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
     i32("window_left"), i32("window_right"),
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
     f32("qk_scale"), f32("softcap_log2"),

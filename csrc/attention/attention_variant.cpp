@@ -56,7 +56,7 @@ KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double
           variant.alibi_slopes.has_value() ? 1 : 0};
 }
 
-double ScoreMod::score(double scaled_dot, int64_t i, int64_t j) const {
+double ScoreMod::score(double scaled_dot, int64_t i, int64_t j, int64_t diagonal) const {
   double score = softcap > 0 ? softcap * std::tanh(scaled_dot / softcap) : scaled_dot;
   return score - slope * static_cast<double>(std::llabs(i + diagonal - j));
 }
@@ -68,7 +68,7 @@ double ScoreMod::derivative(double scaled_dot) const {
 }
 
 std::vector<ScoreMod> score_mods(const AttentionVariant& variant, const AttentionShape& s) {
-  std::vector<ScoreMod> mods(s.batch * s.heads, ScoreMod{variant.softcap, 0.0, s.diagonal()});
+  std::vector<ScoreMod> mods(s.batch * s.heads, ScoreMod{variant.softcap, 0.0});
   if (!variant.alibi_slopes.has_value()) return mods;
   Tensor slopes = as_double(*variant.alibi_slopes);
   const double* a = slopes.const_data_ptr<double>();

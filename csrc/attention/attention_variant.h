@@ -50,8 +50,7 @@ KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double
 // softcap's 1 - tanh^2, else 1).
 struct ScoreMod {
   double softcap = 0, slope = 0;
-  int64_t diagonal = 0;
-  double score(double scaled_dot, int64_t i, int64_t j) const;
+  double score(double scaled_dot, int64_t i, int64_t j, int64_t diagonal) const;
   double derivative(double scaled_dot) const;
 };
 // One ScoreMod per (batch, head), batch-major.

@@ -1,4 +1,5 @@
-// fattn::backward on CPU: the plain definition of the gradients, in float64.
+// fattn::backward and fattn::varlen_backward on CPU: the plain definition of the gradients,
+// in float64, one sequence at a time (sequence_spans.h).
 //
 // P is recomputed from the saved lse (as the kernels do), so the gradient is that
 // of the forward that produced (out, lse). With S = scale * q k^T:
@@ -11,25 +12,25 @@
 #include <vector>
 
 #include "attention/attention_variant.h"
+#include "attention/sequence_spans.h"
 #include "ops.h"
 
 namespace fattn {
+namespace {
 
-std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
-  (void)deterministic;  // the loops are always ordered
-  const char* op = "fattn.backward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const AttentionVariant& variant,
+                                             const SequenceSpans& spans, std::optional<double> softmax_scale,
+                                             const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse) {
   const std::vector<ScoreMod> mods = score_mods(variant, s);
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v), dod = as_double(dout), od = as_double(out);
   Tensor lsed = as_double(lse);
-  Tensor dlsed = dlse.has_value() ? as_double(*dlse) : torch::stable::new_zeros(lsed, {s.batch, s.heads, s.seqlen_q});
-  Tensor dq = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
-  Tensor dk = torch::stable::new_zeros(qd, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
-  Tensor dv = torch::stable::new_zeros(qd, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
+  Tensor dlsed = dlse.has_value() ? as_double(*dlse) : torch::stable::new_zeros(lsed, sizes_of(lse));
+  // Zero-filled: keys no query sees, and rows outside every sequence, get 0.
+  Tensor dq = torch::stable::new_zeros(qd, sizes_of(q));
+  Tensor dk = torch::stable::new_zeros(qd, sizes_of(k));
+  Tensor dv = torch::stable::new_zeros(qd, sizes_of(v));
   const double *Q = qd.const_data_ptr<double>(), *K = kd.const_data_ptr<double>(),
                *V = vd.const_data_ptr<double>(), *DO = dod.const_data_ptr<double>(),
                *O = od.const_data_ptr<double>(), *L = lsed.const_data_ptr<double>(),
@@ -37,27 +38,27 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
   double *DQ = dq.mutable_data_ptr<double>(), *DK = dk.mutable_data_ptr<double>(),
          *DV = dv.mutable_data_ptr<double>();
   const int64_t D = s.head_dim, H = s.heads, HK = s.kv_heads;
-  const int64_t diagonal = s.diagonal();
 
   for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t diagonal = spans.diagonal(b);
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();
       const ScoreMod& mod = mods[b * H + h];
-      for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        const int64_t row = (b * s.seqlen_q + i) * H + h;
-        const double lse_i = L[(b * H + h) * s.seqlen_q + i];
+      for (int64_t i = 0; i < spans.q_len[b]; ++i) {
+        const int64_t row = (spans.q_start[b] + i) * H + h;
+        const double lse_i = L[spans.lse_index(b, h, i)];
         if (std::isinf(lse_i)) continue;  // a row that saw no key has no gradient
-        double delta = -DL[(b * H + h) * s.seqlen_q + i];
+        double delta = -DL[spans.lse_index(b, h, i)];
         for (int64_t d = 0; d < D; ++d) delta += DO[row * D + d] * O[row * D + d];
-        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+        for (int64_t j = 0; j < spans.k_len[b]; ++j) {
           if (!variant.visible(i, j, diagonal)) continue;
-          const int64_t kv_row = (b * s.seqlen_k + j) * HK + hk;
+          const int64_t kv_row = (spans.k_start[b] + j) * HK + hk;
           double score = 0, dp = 0;
           for (int64_t d = 0; d < D; ++d) {
             score += Q[row * D + d] * K[kv_row * D + d];
             dp += DO[row * D + d] * V[kv_row * D + d];
           }
-          const double p = std::exp(mod.score(score * scale, i, j) - lse_i);
+          const double p = std::exp(mod.score(score * scale, i, j, diagonal) - lse_i);
           const double ds = p * (dp - delta) * mod.derivative(score * scale);
           for (int64_t d = 0; d < D; ++d) {
             DV[kv_row * D + d] += p * DO[row * D + d];
@@ -70,6 +71,30 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
   }
   const ScalarType dtype = q.scalar_type();
   return {torch::stable::to(dq, dtype), torch::stable::to(dk, dtype), torch::stable::to(dv, dtype)};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
+  (void)deterministic;  // the loops are always ordered
+  const char* op = "fattn.backward";
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  check_backward_inputs(op, s, q, dout, out, lse, dlse);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  return gradients(s, variant, dense_spans(s), softmax_scale, dout, q, k, v, out, lse, dlse);
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_backward_cpu(FATTN_VARLEN_BACKWARD_ARGS) {
+  (void)deterministic;
+  const char* op = "fattn.varlen_backward";
+  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               seqused_k, softmax_scale);
+  check_backward_inputs(op, s, q, dout, out, lse, dlse);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
+  return gradients(s, variant, spans, softmax_scale, dout, q, k, v, out, lse, dlse);
 }
 
 }  // namespace fattn

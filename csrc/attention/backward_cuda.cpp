@@ -1,11 +1,10 @@
-// fattn::backward on CUDA: delta (preprocess), then dK/dV per key tile, then dQ per query
-// tile. Three launches on one stream, no atomics: bitwise reproducible.
+// fattn::backward and fattn::varlen_backward on CUDA: delta (preprocess), then dK/dV per key
+// tile, then dQ per query tile. Three launches on one stream, no atomics: bitwise
+// reproducible. One launch sequence serves both layouts (attention/kernel_layout.h).
 #include <torch/csrc/stable/ops.h>
 
-#include <cmath>
-
 #include "attention/attention_variant.h"
-#include "common/kernel_choice.h"
+#include "attention/kernel_layout.h"
 #include "ops.h"
 
 namespace fattn {
@@ -19,15 +18,11 @@ Tensor float32_contiguous(const Tensor& t) {
   return aligned_for_kernel(torch::stable::contiguous(torch::stable::to(t, ScalarType::Float)));
 }
 
-}  // namespace
-
-std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
-  (void)deterministic;
-  constexpr const char* op = "fattn.backward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+std::tuple<Tensor, Tensor, Tensor> launch_backward(
+    const char* op, const AttentionShape& s, const AttentionVariant& variant, std::optional<double> softmax_scale,
+    Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const std::optional<Tensor>& dlse,
+    const std::optional<Tensor>& cu_seqlens_q = std::nullopt, const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
+    const std::optional<Tensor>& seqused_k = std::nullopt) {
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
@@ -43,14 +38,16 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   check_grid(op, dq_grid, "query tiles", "heads", "batch");
   check_grid(op, dkdv_grid, "key tiles", "kv heads", "batch");
 
-  const bool empty = s.batch == 0 || s.seqlen_q == 0 || s.seqlen_k == 0;
-  // The kernels write every element (0 for keys no query sees), so only an empty problem,
-  // which launches nothing, needs zero-filled gradients.
-  auto make = empty ? torch::stable::new_zeros : torch::stable::new_empty;
+  const bool packed = cu_seqlens_q.has_value();
+  const bool empty = s.batch == 0 || s.seqlen_q == 0 || s.seqlen_k == 0 || q.numel() == 0 || k.numel() == 0;
+  // The kernels write every element of a dense problem (0 for keys no query sees); packed
+  // rows outside every sequence (or past seqused_k) are never written, so they start zeroed,
+  // as does an empty problem, which launches nothing.
+  auto make = empty || packed ? torch::stable::new_zeros : torch::stable::new_empty;
   const auto none = std::nullopt;
-  Tensor dq = make(q, {s.batch, s.seqlen_q, s.heads, s.head_dim}, none, none, none, none);
-  Tensor dk = make(q, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim}, none, none, none, none);
-  Tensor dv = make(q, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim}, none, none, none, none);
+  Tensor dq = make(q, sizes_of(q), none, none, none, none);
+  Tensor dk = make(q, sizes_of(k), none, none, none, none);
+  Tensor dv = make(q, sizes_of(v), none, none, none, none);
   if (empty) return {dq, dk, dv};
 
   // dout comes from autograd with whatever strides the graph produced.
@@ -61,44 +58,73 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   out = aligned_for_kernel(out);
   lse = float32_contiguous(lse);
   Tensor dlse32 = dlse.has_value() ? float32_contiguous(*dlse) : lse;  // not read without HAS_DLSE
-  Tensor delta = torch::stable::new_empty(lse, {s.batch, s.heads, s.seqlen_q});
+  Tensor delta = torch::stable::new_empty(lse, sizes_of(lse));
 
+  const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
+  const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out),
+                   dos = row_strides(dout), dqs = row_strides(dq), dks = row_strides(dk), dvs = row_strides(dv);
+  const LseStrides ls = lse_strides(lse);
   kernels::launch_attn_bwd_preprocess(pre, pre_grid, {
       .Out = out.data_ptr(), .DO = dout.data_ptr(), .DLse = dlse32.data_ptr(), .Delta = delta.data_ptr(),
-      .stride_ob = kernel_stride(out, 0), .stride_os = kernel_stride(out, 1), .stride_oh = kernel_stride(out, 2),
-      .stride_dob = kernel_stride(dout, 0), .stride_dos = kernel_stride(dout, 1), .stride_doh = kernel_stride(dout, 2),
-      .seqlen_q = s.seqlen_q, .num_heads = s.heads, .head_dim = s.head_dim});
+      .stride_ob = os.b, .stride_os = os.s, .stride_oh = os.h, .stride_dob = dos.b, .stride_dos = dos.s,
+      .stride_doh = dos.h, .stride_lseb = ls.b, .stride_lseh = ls.h, .CuSeqlensQ = pack.cu_seqlens_q,
+      .use_cu_seqlens = pack.use_cu_seqlens, .seqlen_q = s.seqlen_q, .head_dim = s.head_dim});
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
   kernels::launch_attn_bwd_dkdv(dkdv, dkdv_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DK = dk.data_ptr(), .DV = dv.data_ptr(),
-      .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1), .stride_qh = kernel_stride(q, 2),
-      .stride_kb = kernel_stride(k, 0), .stride_ks = kernel_stride(k, 1), .stride_kh = kernel_stride(k, 2),
-      .stride_vb = kernel_stride(v, 0), .stride_vs = kernel_stride(v, 1), .stride_vh = kernel_stride(v, 2),
-      .stride_dob = kernel_stride(dout, 0), .stride_dos = kernel_stride(dout, 1), .stride_doh = kernel_stride(dout, 2),
-      .stride_dkb = kernel_stride(dk, 0), .stride_dks = kernel_stride(dk, 1), .stride_dkh = kernel_stride(dk, 2),
-      .stride_dvb = kernel_stride(dv, 0), .stride_dvs = kernel_stride(dv, 1), .stride_dvh = kernel_stride(dv, 2),
-      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .num_heads = s.heads, .kv_group_size = s.group(),
-      .head_dim = s.head_dim, .window_left = variant.window_left, .window_right = variant.window_right,
+      .stride_qb = qs.b, .stride_qs = qs.s, .stride_qh = qs.h, .stride_kb = ks.b, .stride_ks = ks.s,
+      .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_dob = dos.b,
+      .stride_dos = dos.s, .stride_doh = dos.h, .stride_dkb = dks.b, .stride_dks = dks.s, .stride_dkh = dks.h,
+      .stride_dvb = dvs.b, .stride_dvs = dvs.s, .stride_dvh = dvs.h, .stride_lseb = ls.b, .stride_lseh = ls.h,
+      .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
+      .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
+      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
+      .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale});
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DQ = dq.data_ptr(),
-      .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1), .stride_qh = kernel_stride(q, 2),
-      .stride_kb = kernel_stride(k, 0), .stride_ks = kernel_stride(k, 1), .stride_kh = kernel_stride(k, 2),
-      .stride_vb = kernel_stride(v, 0), .stride_vs = kernel_stride(v, 1), .stride_vh = kernel_stride(v, 2),
-      .stride_dob = kernel_stride(dout, 0), .stride_dos = kernel_stride(dout, 1), .stride_doh = kernel_stride(dout, 2),
-      .stride_dqb = kernel_stride(dq, 0), .stride_dqs = kernel_stride(dq, 1), .stride_dqh = kernel_stride(dq, 2),
-      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .num_heads = s.heads, .kv_group_size = s.group(),
-      .head_dim = s.head_dim, .window_left = variant.window_left, .window_right = variant.window_right,
+      .stride_qb = qs.b, .stride_qs = qs.s, .stride_qh = qs.h, .stride_kb = ks.b, .stride_ks = ks.s,
+      .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_dob = dos.b,
+      .stride_dos = dos.s, .stride_doh = dos.h, .stride_dqb = dqs.b, .stride_dqs = dqs.s, .stride_dqh = dqs.h,
+      .stride_lseb = ls.b, .stride_lseh = ls.h,
+      .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
+      .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
+      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
+      .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale});
   return {dq, dk, dv};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
+  (void)deterministic;
+  constexpr const char* op = "fattn.backward";
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  check_backward_inputs(op, s, q, dout, out, lse, dlse);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse);
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_ARGS) {
+  (void)deterministic;
+  constexpr const char* op = "fattn.varlen_backward";
+  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               seqused_k, softmax_scale);
+  check_backward_inputs(op, s, q, dout, out, lse, dlse);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+                         seqused_k);
 }
 
 }  // namespace fattn

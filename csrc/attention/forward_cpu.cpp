@@ -1,8 +1,9 @@
-// fattn::forward on CPU: the plain, obviously-correct definition of the operator.
+// fattn::forward and fattn::varlen_forward on CPU: the plain, obviously-correct definition.
 //
 // It is the semantic reference of the CUDA kernels (same masking, same GQA mapping, same
 // lse convention) and lets everything above the kernels run on machines without a GPU.
-// It computes in float64 with a two-pass softmax.
+// It computes in float64 with a two-pass softmax, one sequence at a time (sequence_spans.h
+// says where each one's rows are, dense or packed).
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -10,21 +11,16 @@
 #include <vector>
 
 #include "attention/attention_variant.h"
+#include "attention/sequence_spans.h"
 #include "ops.h"
 
 namespace fattn {
+namespace {
 
-std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
-  (void)deterministic;
-  constexpr const char* op = "fattn.forward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+// out and lse are zero-filled float64 tensors shaped as the op returns them.
+void attend(const AttentionShape& s, const AttentionVariant& variant, const SequenceSpans& spans, double scale,
+            const Tensor& qd, const Tensor& kd, const Tensor& vd, Tensor& out_d, Tensor& lse_d) {
   const std::vector<ScoreMod> mods = score_mods(variant, s);
-  const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
-  Tensor out_d = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
-  Tensor lse_d = torch::stable::new_empty(qd, {s.batch, s.heads, s.seqlen_q});
   const double* Q = qd.const_data_ptr<double>();
   const double* K = kd.const_data_ptr<double>();
   const double* V = vd.const_data_ptr<double>();
@@ -32,46 +28,78 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   double* L = lse_d.mutable_data_ptr<double>();
   const int64_t D = s.head_dim, H = s.heads, HK = s.kv_heads;
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  std::vector<double> scores(s.seqlen_k);
 
   for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t diagonal = spans.diagonal(b), seqlen_k = spans.k_len[b];
+    std::vector<double> scores(seqlen_k);
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();  // GQA: consecutive q heads share one kv head
       const ScoreMod& mod = mods[b * H + h];
-      for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        const double* qi = Q + ((b * s.seqlen_q + i) * H + h) * D;
+      for (int64_t i = 0; i < spans.q_len[b]; ++i) {
+        const int64_t row = (spans.q_start[b] + i) * H + h;
         double row_max = neg_inf;
-        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+        for (int64_t j = 0; j < seqlen_k; ++j) {
           scores[j] = neg_inf;  // masked: weight exp(-inf) = 0
-          if (!variant.visible(i, j, s.diagonal())) continue;
-          const double* kj = K + ((b * s.seqlen_k + j) * HK + hk) * D;
+          if (!variant.visible(i, j, diagonal)) continue;
+          const double* kj = K + ((spans.k_start[b] + j) * HK + hk) * D;
           double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
-          scores[j] = mod.score(dot * scale, i, j);
+          for (int64_t d = 0; d < D; ++d) dot += Q[row * D + d] * kj[d];
+          scores[j] = mod.score(dot * scale, i, j, diagonal);
           row_max = std::max(row_max, scores[j]);
         }
-        double* oi = O + ((b * s.seqlen_q + i) * H + h) * D;
-        double* li = L + (b * H + h) * s.seqlen_q + i;
+        double* lse = L + spans.lse_index(b, h, i);
         if (row_max == neg_inf) {  // no visible key: out stays 0, lse is -inf
-          *li = neg_inf;
+          *lse = neg_inf;
           continue;
         }
         double sum = 0;
-        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+        for (int64_t j = 0; j < seqlen_k; ++j) {
           scores[j] = std::exp(scores[j] - row_max);
           sum += scores[j];
         }
-        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+        for (int64_t j = 0; j < seqlen_k; ++j) {
           if (scores[j] == 0) continue;
-          const double* vj = V + ((b * s.seqlen_k + j) * HK + hk) * D;
+          const double* vj = V + ((spans.k_start[b] + j) * HK + hk) * D;
           const double p = scores[j] / sum;
-          for (int64_t d = 0; d < D; ++d) oi[d] += p * vj[d];
+          for (int64_t d = 0; d < D; ++d) O[row * D + d] += p * vj[d];
         }
-        *li = row_max + std::log(sum);
+        *lse = row_max + std::log(sum);
       }
     }
   }
+}
+
+std::tuple<Tensor, Tensor> forward_reference(const AttentionShape& s, const AttentionVariant& variant,
+                                             const SequenceSpans& spans, std::optional<double> softmax_scale,
+                                             const Tensor& q, const Tensor& k, const Tensor& v,
+                                             std::vector<int64_t> lse_shape) {
+  Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
+  Tensor out_d = torch::stable::new_zeros(qd, sizes_of(q));
+  Tensor lse_d = torch::stable::new_zeros(qd, lse_shape);
+  attend(s, variant, spans, resolve_softmax_scale(softmax_scale, s.head_dim), qd, kd, vd, out_d, lse_d);
   return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
+  (void)deterministic;
+  constexpr const char* op = "fattn.forward";
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  return forward_reference(s, variant, dense_spans(s), softmax_scale, q, k, v, {s.batch, s.heads, s.seqlen_q});
+}
+
+std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS) {
+  (void)deterministic;
+  constexpr const char* op = "fattn.varlen_forward";
+  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               seqused_k, softmax_scale);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
+  return forward_reference(s, variant, spans, softmax_scale, q, k, v, {s.heads, q.size(0)});
 }
 
 }  // namespace fattn

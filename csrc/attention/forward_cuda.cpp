@@ -1,46 +1,77 @@
-// fattn::forward on CUDA: validate, pick the compiled variant, allocate, launch.
+// fattn::forward and fattn::varlen_forward on CUDA: validate, pick the compiled variant,
+// allocate, launch. One launch serves both layouts (attention/kernel_layout.h).
 #include <torch/csrc/stable/ops.h>
 
-#include <cmath>
-
 #include "attention/attention_variant.h"
-#include "common/kernel_choice.h"
+#include "attention/kernel_layout.h"
 #include "ops.h"
 
 namespace fattn {
+namespace {
 
-std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
-  (void)deterministic;  // a backward setting, saved by autograd
-  constexpr const char* op = "fattn.forward";
-  using kernels::attn_fwd;
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+using kernels::attn_fwd;
+
+// cu_seqlens_q/k and seqused_k: packed inputs (q [total_q, heads, head_dim]) when given.
+std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& s, const AttentionVariant& variant,
+                                          std::optional<double> softmax_scale, Tensor q, Tensor k, Tensor v,
+                                          const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
+                                          const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
+                                          const std::optional<Tensor>& seqused_k = std::nullopt) {
   const auto fwd = choose<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
                                     {.SCORE_MOD = variant.modifies_scores()});
   const runtime::Grid grid{ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M)), dim(s.heads), dim(s.batch)};
   check_grid(op, grid, "query tiles", "heads", "batch");
 
-  Tensor out = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
-  Tensor lse = torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
-  if (out.numel() == 0) return {out, lse};
+  const bool packed = cu_seqlens_q.has_value();
+  // Packed outputs start zeroed: rows outside every sequence are never written.
+  Tensor out = packed ? torch::stable::new_zeros(q, sizes_of(q))
+                      : torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+  Tensor lse = packed ? torch::stable::new_zeros(q, {s.heads, q.size(0)}, ScalarType::Float)
+                      : torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
+  if (out.numel() == 0 || grid.x == 0 || grid.z == 0) return {out, lse};
 
   q = aligned_for_kernel(q);
   k = aligned_for_kernel(k);
   v = aligned_for_kernel(v);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
+  const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
+  const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out);
+  const LseStrides ls = lse_strides(lse);
   kernels::launch_attn_fwd(fwd, grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),
-      .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1), .stride_qh = kernel_stride(q, 2),
-      .stride_kb = kernel_stride(k, 0), .stride_ks = kernel_stride(k, 1), .stride_kh = kernel_stride(k, 2),
-      .stride_vb = kernel_stride(v, 0), .stride_vs = kernel_stride(v, 1), .stride_vh = kernel_stride(v, 2),
-      .stride_ob = kernel_stride(out, 0), .stride_os = kernel_stride(out, 1), .stride_oh = kernel_stride(out, 2),
-      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .num_heads = s.heads, .kv_group_size = s.group(),
-      .head_dim = s.head_dim, .window_left = variant.window_left, .window_right = variant.window_right,
+      .stride_qb = qs.b, .stride_qs = qs.s, .stride_qh = qs.h, .stride_kb = ks.b, .stride_ks = ks.s,
+      .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_ob = os.b,
+      .stride_os = os.s, .stride_oh = os.h, .stride_lseb = ls.b, .stride_lseh = ls.h,
+      .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
+      .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
+      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
+      .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
   });
   return {out, lse};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
+  (void)deterministic;  // a backward setting, saved by autograd
+  constexpr const char* op = "fattn.forward";
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  return launch_forward(op, s, variant, softmax_scale, q, k, v);
+}
+
+std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
+  (void)deterministic;
+  constexpr const char* op = "fattn.varlen_forward";
+  // The offsets' values are not checked here: reading them would stall the stream.
+  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               seqused_k, softmax_scale);
+  const AttentionVariant variant =
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  return launch_forward(op, s, variant, softmax_scale, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k);
 }
 
 }  // namespace fattn

@@ -104,6 +104,12 @@ double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_d
   return softmax_scale.has_value() ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+std::vector<int64_t> sizes_of(const Tensor& t) {
+  std::vector<int64_t> sizes;
+  for (int64_t d = 0; d < t.dim(); ++d) sizes.push_back(t.size(d));
+  return sizes;
+}
+
 Tensor as_double(const Tensor& t) { return torch::stable::contiguous(torch::stable::to(t, ScalarType::Double)); }
 
 }  // namespace fattn

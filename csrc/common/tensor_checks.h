@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -45,6 +46,9 @@ inline ScalarType lse_dtype(ScalarType input) {
 }
 
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
+
+// t's sizes, for allocating a tensor shaped like it.
+std::vector<int64_t> sizes_of(const Tensor& t);
 
 // A contiguous float64 copy (or view) of `t`: what the CPU reference implementations compute on.
 Tensor as_double(const Tensor& t);

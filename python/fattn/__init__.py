@@ -10,10 +10,15 @@ load_library()
 
 # One module per op family, each holding its public function, its op's fake and autograd.
 from .attention import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func  # noqa: E402
+from .varlen import (  # noqa: E402
+    flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+)
 from .decode import flash_attn_with_kvcache  # noqa: E402
 from .merge import merge_attention_states  # noqa: E402
 from . import ring  # noqa: E402
 from .ring import ring_flash_attn_func  # noqa: E402
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_with_kvcache", "merge_attention_states", "ring_flash_attn_func", "ring", "build_info", "library_path"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+           "merge_attention_states", "ring_flash_attn_func", "ring", "build_info", "library_path"]
 __version__ = "0.2.0"  # pyproject.toml's; 0.2: flash_attn_func takes flash-attn's positional order

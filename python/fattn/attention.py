@@ -191,44 +191,56 @@ class AttentionShape(NamedTuple):
     head_dim: int
 
 
-def check_attention_inputs(op: str, q, k, v, softmax_scale) -> AttentionShape:
-    """The op's checks of q, k, v and softmax_scale, in the op's order."""
+def check_qkv(op: str, q, k, v, rank: int, layout: str) -> None:
+    """q, k, v as [batch, seqlen, heads, head_dim] (rank 4) or packed [total, heads, head_dim]
+    (rank 3): the op's checks but the lengths, in the op's order."""
     names, tensors = ("q", "k", "v"), (q, k, v)
     for name, t in zip(names, tensors):
-        check_rank(op, name, t, 4, "[batch, seqlen, heads, head_dim]")
+        check_rank(op, name, t, rank, layout)
     for name, t in zip(names[1:], tensors[1:]):
         check_same_device(op, name, t, "q", q, "; q, k and v must be on one device")
     check_attention_dtype(op, "q", q)
     for name, t in zip(names[1:], tensors[1:]):
         check_same_dtype(op, name, t, "q", q, "; q, k and v must share one dtype")
-    s = AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
-    for name, t in zip(names[1:], tensors[1:]):
-        if t.shape[0] != s.batch:
-            fail(op, name, " has batch size ", t.shape[0], " but q has ", s.batch)
-    if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
+    seq = rank - 3
+    if rank == 4:
+        for name, t in zip(names[1:], tensors[1:]):
+            if t.shape[0] != q.shape[0]:
+                fail(op, name, " has batch size ", t.shape[0], " but q has ", q.shape[0])
+    if v.shape[seq] != k.shape[seq] or v.shape[seq + 1] != k.shape[seq + 1]:
         fail(op, "v has shape ", shape_of(v), " but k has ", shape_of(k), "; k and v must agree on seqlen and heads")
+    head_dim = q.shape[-1]
     for name, t in zip(names[1:], tensors[1:]):
-        if t.shape[3] != s.head_dim:
-            fail(op, name, " has head_dim ", t.shape[3], " but q has ", s.head_dim,
+        if t.shape[-1] != head_dim:
+            fail(op, name, " has head_dim ", t.shape[-1], " but q has ", head_dim,
                  "; q, k and v must share one head_dim")
-    check_head_dim(op, s.head_dim)
-    check_head_groups(op, s.heads, s.kv_heads, "k and v")
+    check_head_dim(op, head_dim)
+    check_head_groups(op, q.shape[-2], k.shape[-2], "k and v")
     for name, t in zip(names, tensors):
         check_last_dim_contiguous(op, name, t, "; call .contiguous() first")
+
+
+def check_attention_inputs(op: str, q, k, v, softmax_scale) -> AttentionShape:
+    """The op's checks of q, k, v and softmax_scale, in the op's order."""
+    check_qkv(op, q, k, v, 4, "[batch, seqlen, heads, head_dim]")
     check_finite(op, "softmax_scale", softmax_scale)
-    return s
+    return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
 
 
-def _check_backward_inputs(op: str, s: AttentionShape, q, dout, out, lse, dlse) -> None:
+def check_backward_inputs(op: str, s: AttentionShape, q, dout, out, lse, dlse) -> None:
     for name, t in (("dout", dout), ("out", out)):
-        if t.dim() != 4 or tuple(t.shape) != (s.batch, s.seqlen_q, s.heads, s.head_dim):
+        if tuple(t.shape) != tuple(q.shape):
             fail(op, name, " has shape ", shape_of(t), " but must match q's shape ", shape_of(q))
         check_same_device(op, name, t, "q", q)
         check_same_dtype(op, name, t, "q", q)
     for name, t in (("lse", lse), ("dlse", dlse)):
         if t is None:
             continue
-        if t.dim() != 3 or tuple(t.shape) != (s.batch, s.heads, s.seqlen_q):
+        if q.dim() == 3:  # packed: [heads, total_q]
+            if tuple(t.shape) != (s.heads, q.shape[0]):
+                fail(op, name, " has shape ", shape_of(t), " but must be [heads, total_q] = [", s.heads, ", ",
+                     q.shape[0], "]")
+        elif t.dim() != 3 or tuple(t.shape) != (s.batch, s.heads, s.seqlen_q):
             fail(op, name, " has shape ", shape_of(t), " but must be [batch, heads, seqlen_q] = [",
                  s.batch, ", ", s.heads, ", ", s.seqlen_q, "]")
         if t.dtype != lse_dtype(q.dtype):
@@ -260,7 +272,7 @@ def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, determi
                    window_right=-1, softcap=0.0, alibi_slopes=None):
     op = "fattn.backward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
-    _check_backward_inputs(op, s, q, dout, out, lse, dlse)
+    check_backward_inputs(op, s, q, dout, out, lse, dlse)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
     # Fresh contiguous gradients shaped like q, k and v.
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

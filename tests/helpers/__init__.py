@@ -17,7 +17,8 @@ from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, referenc
 from .library import check_stable_abi
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
-    check_fake_raises_like_op, decode_samples, forward_samples, merge_samples, reference_variant,
+    check_fake_raises_like_op, decode_samples, forward_samples, merge_samples, reference_variant, VARLEN_BACKWARD,
+    VARLEN_CASES, VARLEN_FORWARD, varlen_backward_samples, varlen_forward_samples, varlen_inputs,
 )
 
 __all__ = [
@@ -26,5 +27,6 @@ __all__ = [
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
     "poison_allocator", "recompiles_forbidden", "reference_variant", "references", "requires_gpu", "run_decode",
-    "seqlens_tensor",
+    "seqlens_tensor", "VARLEN_BACKWARD", "VARLEN_CASES", "VARLEN_FORWARD", "varlen_backward_samples",
+    "varlen_forward_samples", "varlen_inputs",
 ]

@@ -29,6 +29,8 @@ FORWARD = torch.ops.fattn.forward.default
 BACKWARD = torch.ops.fattn.backward.default
 DECODE = torch.ops.fattn.decode.default
 MERGE = torch.ops.fattn.merge_attention_states.default
+VARLEN_FORWARD = torch.ops.fattn.varlen_forward.default
+VARLEN_BACKWARD = torch.ops.fattn.varlen_backward.default
 
 
 @dataclass
@@ -164,9 +166,61 @@ def merge_samples(device, dtype):
     yield Sample("seqlen_q0", partials(2, 1, 0, 2, 8))
 
 
+# name, q lengths, k lengths (None: the q lengths), heads, kv_heads, head_dim, spare rows past the
+# last sequence, causal, seqused_k (fractions of the k lengths, or None), variant
+VARLEN_CASES = [
+    ("3seqs-gqa2", [4, 7, 2], None, 4, 2, 8, 0, False, None, {}),
+    ("causal-q-and-k-differ-empty-seq", [5, 0, 3], [2, 4, 6], 2, 2, 16, 0, True, None, {}),
+    ("spare-rows-seqused-k-causal", [3, 6], [5, 6], 2, 1, 8, 2, True, [0.6, 1.0], {}),
+    ("window-softcap-alibi", [6, 9], None, 2, 2, 16, 0, False, None, dict(window=(2, 1), softcap=1.5, alibi="batch")),
+    ("one-sequence", [5], [8], 2, 2, 8, 0, False, None, {}),
+    ("no-sequence", [], None, 2, 2, 8, 0, False, None, {}),
+]
+
+
+def varlen_inputs(case, device, dtype, requires_grad=False):
+    """(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k) of a VARLEN_CASES entry."""
+    _, lq, lk, heads, kv_heads, head_dim, spare, _, used, _ = case
+    lk = lq if lk is None else lk
+    offsets = lambda lengths: torch.tensor([0] + list(torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist()),
+                                           dtype=torch.int32, device=device)
+    cu_q, cu_k = offsets(lq), offsets(lk)
+    q = torch.randn(sum(lq) + spare, heads, head_dim, dtype=dtype, device=device)
+    k = torch.randn(sum(lk) + spare, kv_heads, head_dim, dtype=dtype, device=device)
+    v = torch.randn_like(k)
+    if requires_grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    seqused = None
+    if used is not None:
+        seqused = torch.tensor([int(f * n) for f, n in zip(used, lk)], dtype=torch.int32, device=device)
+    return q, k, v, cu_q, cu_k, max(lq, default=0), max(lk, default=0), seqused
+
+
+def varlen_forward_samples(device, dtype, requires_grad=False):
+    """fattn::varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes)."""
+    for case in VARLEN_CASES:
+        inputs = varlen_inputs(case, device, dtype, requires_grad)
+        batch = inputs[3].shape[0] - 1
+        options = forward_variant_args(case[9], batch, case[3], device)
+        yield Sample(case[0], (*inputs, None, case[7], False, *options))
+
+
+def varlen_backward_samples(device, dtype):
+    """fattn::varlen_backward at the forward samples' points, dlse given in every other one."""
+    for i, sample in enumerate(varlen_forward_samples(device, dtype)):
+        q, k, v, cu_q, cu_k, max_q, max_k, used, scale, causal, deterministic, *variant = sample.args
+        out, lse = VARLEN_FORWARD(*sample.args)
+        dlse = torch.randn_like(lse) if i % 2 == 0 else None
+        yield Sample(sample.name, (torch.randn_like(out), q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, used,
+                                   scale, causal, deterministic, *variant))
+
+
 SAMPLE_INPUTS = {"forward": forward_samples, "backward": backward_samples, "decode": decode_samples,
-                 "merge": merge_samples}
-OPS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE, "merge": MERGE}
+                 "merge": merge_samples, "varlen_forward": varlen_forward_samples,
+                 "varlen_backward": varlen_backward_samples}
+OPS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE, "merge": MERGE, "varlen_forward": VARLEN_FORWARD,
+       "varlen_backward": VARLEN_BACKWARD}
 
 
 def call_with_fakes(op, args):

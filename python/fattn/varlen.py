@@ -1,0 +1,189 @@
+"""Packed variable-length attention (flash-attn's varlen functions): the public functions,
+the fakes of fattn::varlen_forward and fattn::varlen_backward, and their autograd.
+
+Sequence b of a batch occupies rows [cu_seqlens[b], cu_seqlens[b + 1]) of q ([total_q,
+heads, head_dim]) and of k, v ([total_k, kv_heads, head_dim]); max_seqlen_q/k size the
+kernels' grid. Nothing reads the offsets on the host (no device sync): under
+torch.compile(dynamic=True), new totals and new max_seqlen values reuse one graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._checks import check_finite, check_index_tensor, fail, lse_dtype, shape_of, window_pair
+from ._library import load_library
+from .attention import AttentionShape, check_attention_variant, check_backward_inputs, check_dropout, check_qkv
+
+load_library()
+_forward_op = torch.ops.fattn.varlen_forward.default
+_backward_op = torch.ops.fattn.varlen_backward.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
+                           return_lse=False):
+    """flash_attn_func over packed sequences, with flash-attn 2.8's parameters in its order.
+
+    Args:
+        q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim].
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1], contiguous, on q's device: sequence b
+           is rows [cu[b], cu[b + 1]). Their values are checked on CPU tensors; on CUDA they
+           are not read on the host (that would stall the stream): keep them non-decreasing,
+           within the tensors and each sequence at most max_seqlen long.
+        max_seqlen_q, max_seqlen_k: the longest sequence (sizes the grid).
+        dropout_p ... return_attn_probs: as flash_attn_func; causal and windows are aligned
+           to the bottom-right corner of each sequence's own (seqlen_q, seqlen_k).
+        block_table: flash-attn's paged keys; not supported (raises if given).
+        seqused_k: (keyword) int32 [batch]: sequence b attends to its first seqused_k[b] keys.
+        return_lse: (keyword) also return lse, float32 [heads, total_q].
+
+    Rows outside every sequence (past cu[batch]) get out 0 and lse 0, and gradient 0.
+    """
+    check_dropout("flash_attn_varlen_func", dropout_p)
+    if block_table is not None:
+        raise NotImplementedError("fattn.flash_attn_varlen_func: block_table (paged keys) is not supported; "
+                                  "pass None")
+    left, right = window_pair("flash_attn_varlen_func", window_size)
+    out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                 softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes)
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, return_lse=False):
+    """flash_attn_varlen_func over qkv [total, 3, heads, head_dim] (views, no copy)."""
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  return_lse=return_lse)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    return_lse=False):
+    """flash_attn_varlen_func over q and kv [total_k, 2, kv_heads, head_dim] (views, no copy)."""
+    k, v = kv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_lse=return_lse)
+
+
+def _varlen_attention(*args):
+    """(out, lse) through the cheapest path that keeps gradients right; args are the op's."""
+    q, k, v = args[:3]
+    if _is_compiling():
+        return _forward_op(*args)
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerVarlen.apply(*args)
+    with _below_autograd():
+        return _forward_op(*args)
+
+
+# ---------------------------------------------------------------- autograd
+
+# fattn::varlen_forward's defaults after cu_seqlens_q/k and max_seqlen_q/k (csrc/register.cpp).
+_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
+    options += _OPTION_DEFAULTS[len(options):]
+    seqused_k, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi = options
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
+    ctx.options = (max_q, max_k, softmax_scale, causal, deterministic, window_left, window_right, softcap)
+    ctx.set_materialize_grads(False)
+
+
+@once_differentiable
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
+    max_q, max_k, softmax_scale, causal, deterministic, window_left, window_right, softcap = ctx.options
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale,
+                              causal, deterministic, window_left, window_right, softcap, alibi)
+    return (dq, dk, dv) + (None,) * 12
+
+
+torch.library.register_autograd("fattn::varlen_forward", _backward, setup_context=_setup_context)
+
+
+class _EagerVarlen(torch.autograd.Function):
+    """The same pair for eager calls, without register_autograd's Python wrapper cost."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        with _below_autograd():
+            output = _forward_op(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        if torch.is_grad_enabled():
+            raise RuntimeError("fattn.flash_attn_varlen_func: second-order gradients are not supported (the "
+                               "backward is not differentiable, so they would come out as 0); call backward/grad "
+                               "without create_graph=True")
+        return _backward(ctx, dout, dlse)
+
+
+# ---------------------------------------------------------------- fakes
+
+def _check_offsets(op, name, t, length, q):
+    check_index_tensor(op, name, t, 1, q)
+    if t.shape[0] != length:
+        fail(op, name, " has shape ", shape_of(t), "; expected [", length, "]")
+    if length > 1 and t.stride(0) != 1:
+        fail(op, name, " must be contiguous; call .contiguous() first")
+
+
+def check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                        softmax_scale) -> AttentionShape:
+    """The op's checks of the packed inputs, in the op's order (csrc/attention/attention_shape.cpp)."""
+    check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+        fail(op, "cu_seqlens_q has shape ", shape_of(cu_seqlens_q), "; expected [batch + 1] offsets, batch >= 0")
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_offsets(op, "cu_seqlens_q", cu_seqlens_q, batch + 1, q)
+    _check_offsets(op, "cu_seqlens_k", cu_seqlens_k, batch + 1, q)
+    if seqused_k is not None:
+        _check_offsets(op, "seqused_k", seqused_k, batch, q)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, int) and value < 0:
+            fail(op, name, " is ", value, "; expected >= 0")
+    check_finite(op, "softmax_scale", softmax_scale)
+    return AttentionShape(batch, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[1], q.shape[2])
+
+
+@torch.library.register_fake("fattn::varlen_forward")
+def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                         softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
+                         softcap=0.0, alibi_slopes=None):
+    op = "fattn.varlen_forward"
+    s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                            softmax_scale)
+    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
+    return q.new_empty(q.shape), q.new_empty((s.heads, q.shape[0]), dtype=lse_dtype(q.dtype))
+
+
+@torch.library.register_fake("fattn::varlen_backward")
+def _varlen_backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          seqused_k, softmax_scale, causal, deterministic, window_left=-1, window_right=-1,
+                          softcap=0.0, alibi_slopes=None):
+    op = "fattn.varlen_backward"
+    s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                            softmax_scale)
+    check_backward_inputs(op, s, q, dout, out, lse, dlse)
+    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -14,6 +14,7 @@ from ._checks import (
     check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_softcap, check_window,
     dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
+from . import _head_dim
 from ._library import load_library
 
 load_library()
@@ -46,6 +47,8 @@ def flash_attn_func(
     Args:
         q: [batch, seqlen_q, heads, head_dim], float16 or bfloat16 on CUDA
            (float32/float64 also accepted on CPU, where a reference implementation runs).
+           head_dim 1..256; one that is not a multiple of 8 is padded (a copy of q, k, v) and
+           out comes back as a view of its first head_dim columns.
         k, v: [batch, seqlen_k, kv_heads, head_dim]; heads must be a multiple of
            kv_heads (GQA/MQA). Any batch/seq/head strides; the last dim contiguous.
         dropout_p: must be 0.0 for now (dropout is not implemented; > 0 raises).
@@ -77,8 +80,14 @@ def flash_attn_func(
     """
     check_dropout("flash_attn_func", dropout_p)
     window_left, window_right = window_pair("flash_attn_func", window_size)
+    head_dim, padding = q.shape[-1], _head_dim.padding_for(q, k, v)
+    if padding:  # a head dim that is not a multiple of 8 (fattn/_head_dim.py)
+        softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
+        q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
                           alibi_slopes)
+    if padding:
+        out = out[..., :head_dim]
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _head_dim
 from ._checks import check_finite, check_index_tensor, fail, lse_dtype, shape_of, window_pair
 from ._library import load_library
 from .attention import AttentionShape, check_attention_variant, check_backward_inputs, check_dropout, check_qkv
@@ -50,8 +51,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise NotImplementedError("fattn.flash_attn_varlen_func: block_table (paged keys) is not supported; "
                                   "pass None")
     left, right = window_pair("flash_attn_varlen_func", window_size)
+    head_dim, padding = q.shape[-1], _head_dim.padding_for(q, k, v)
+    if padding:  # a head dim that is not a multiple of 8 (fattn/_head_dim.py)
+        softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
+        q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                  softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes)
+    if padding:
+        out = out[..., :head_dim]
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

@@ -11,15 +11,16 @@ namespace fattn {
 using torch::stable::Tensor;
 
 // The variant arguments forward and backward share (attention/attention_variant.h says
-// what they mean).
+// what they mean); segment ids take the dense layout only.
 #define FATTN_VARIANT_ARGS int64_t window_left, int64_t window_right, double softcap, \
                            std::optional<Tensor> alibi_slopes
 
 // fattn::forward: out [batch, seqlen_q, heads, head_dim] (contiguous, q's dtype) and lse
 // [batch, heads, seqlen_q] (natural log, -inf for empty rows; lse_dtype of q).
 // `deterministic` is not used by the forward; autograd saves it for the backward.
+#define FATTN_SEGMENT_ARGS std::optional<Tensor> q_segment_ids, std::optional<Tensor> kv_segment_ids
 #define FATTN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, std::optional<double> softmax_scale, bool causal, \
-                           bool deterministic, FATTN_VARIANT_ARGS
+                           bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS
 std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 
@@ -28,7 +29,7 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 // atomics); `deterministic` keeps the contract explicit.
 #define FATTN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
                             std::optional<Tensor> dlse, std::optional<double> softmax_scale, bool causal, \
-                            bool deterministic, FATTN_VARIANT_ARGS
+                            bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS
 std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS);
 std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
 

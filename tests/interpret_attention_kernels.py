@@ -39,12 +39,16 @@ LAUNCH = dict(num_warps=4, num_stages=1)  # the interpreter runs a program as on
 LOG2E = math.log2(math.e)
 
 
-def variant_args(q, batch, causal, window, softcap, alibi):
+def variant_args(q, batch, causal, window, softcap, alibi, segments=None):
     head_dim = q.shape[-1]
     scale = 1 / math.sqrt(head_dim)
     left, right = window
     slopes = alibi if alibi is not None else torch.zeros(1)
+    unused = torch.zeros(1, dtype=torch.int32)
+    q_seg, kv_seg = segments if segments is not None else (unused, unused)
     return dict(
+        QSegmentIds=q_seg, KvSegmentIds=kv_seg, stride_qsegb=q_seg.stride(0), stride_kvsegb=kv_seg.stride(0),
+        use_segments=int(segments is not None),
         window_left=left, window_right=0 if causal else right,
         Alibi=slopes, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0,
         stride_alibih=slopes.stride(-1), use_alibi=int(alibi is not None),
@@ -59,7 +63,7 @@ def rows(tag, t):
     return {f"stride_{tag}b": 0, f"stride_{tag}s": t.stride(0), f"stride_{tag}h": t.stride(1)}
 
 
-def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None):
+def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None):
     """packing: None (dense) or (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)."""
     heads, head_dim = q.shape[-2], q.shape[-1]
     kv_heads = k.shape[-2]
@@ -80,7 +84,7 @@ def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None):
         out = torch.zeros_like(q)
     block_d = triton.next_power_of_2(head_dim)
     shape = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, kv_group_size=heads // kv_heads, head_dim=head_dim)
-    variant, scale = variant_args(q, batch, causal, window, softcap, alibi)
+    variant, scale = variant_args(q, batch, causal, window, softcap, alibi, segments)
     tiles = dict(BLOCK_D=block_d, PAD_D=block_d != head_dim, SCORE_MOD=softcap > 0 or alibi is not None)
     qkv = dict(Q=q, K=k, V=v, **rows("q", q), **rows("k", k), **rows("v", v))
 
@@ -119,6 +123,8 @@ CASES = [
     ("alibi-heads-causal", 48, 48, 4, 2, 16, True, (-1, -1), 0.0, "heads"),
     ("alibi-batch-window-softcap", 39, 57, 2, 2, 24, False, (9, 4), 2.0, "batch"),
     ("all-causal-window-sq-above-sk", 57, 39, 4, 2, 16, True, (12, -1), 3.0, "heads"),
+    ("segments-causal", 50, 50, 4, 2, 16, True, (-1, -1), 0.0, "segments"),
+    ("segments-window-softcap-sq-below-sk", 37, 58, 2, 2, 24, False, (9, 3), 2.0, "segments"),
 ]
 
 PACKED_CASES = [
@@ -131,19 +137,27 @@ PACKED_CASES = [
 
 
 def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind):
+    """alibi_kind "segments" gives segment ids instead: random cuts, shared by q and k's ends."""
     batch = 2
+    segments = None
+    if alibi_kind == "segments":
+        longest = max(seqlen_q, seqlen_k)
+        cuts = torch.randint(0, longest, (batch, 3))
+        ids = (torch.arange(longest)[None, :, None] >= cuts[:, None, :]).sum(-1).int()
+        segments = (ids[:, longest - seqlen_q:].contiguous(), ids[:, longest - seqlen_k:].contiguous())
+        alibi_kind = None
     q = torch.randn(batch, seqlen_q, heads, head_dim)
     k = torch.randn(batch, seqlen_k, kv_heads, head_dim)
     v = torch.randn(batch, seqlen_k, kv_heads, head_dim)
     dout = torch.randn_like(q)
     dlse = torch.randn(batch, heads, seqlen_q)
     alibi = None if alibi_kind is None else torch.rand((heads,) if alibi_kind == "heads" else (batch, heads)) * 0.3
-    options = (causal, False, window[0], window[1], softcap, alibi)
+    options = (causal, False, window[0], window[1], softcap, alibi, *(segments or (None, None)))
     want_out, want_lse = torch.ops.fattn.forward(q.double(), k.double(), v.double(), None, *options)
     finite = torch.isfinite(want_lse)
     want = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
                                     dlse.double().masked_fill(~finite, 0), None, *options)
-    got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi)
+    got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments)
     return compare(name, got, want_out, want_lse, want)
 
 

@@ -6,7 +6,8 @@ the skipped tiles, in both the key-tile and the query-tile direction), the softc
 derivative, ALiBi and rows outside every window are checked in the Triton source before the
 device runs the compiled cubins (test_variants_gpu.py); and the packed (varlen) addressing:
 each program's sequence span, tiles past a short sequence's end, lse in [heads, total_q],
-seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py)."""
+seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py); and
+segment ids, which mask every tile."""
 
 import json
 import os
@@ -22,7 +23,7 @@ CASES = [
     "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
     "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
-    "varlen-gqa2", "varlen-causal-q-and-k-differ", "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
+    "segments-causal", "segments-window-softcap-sq-below-sk", "varlen-gqa2", "varlen-causal-q-and-k-differ", "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
 ]
 
 

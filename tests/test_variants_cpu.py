@@ -108,3 +108,42 @@ def test_bad_window_size_in_the_public_call():
         fattn.flash_attn_func(q, k, v, window_size=(-3, 0))
     with pytest.raises(TypeError, match="window_size must be a \\(left, right\\) pair of ints"):
         fattn.flash_attn_func(q, k, v, window_size=4)
+
+
+def test_segments_equal_attention_per_document():
+    # Two rows of packed documents: causal attention with segment ids equals causal attention
+    # over each document alone.
+    q, k, v = _qkv(sq=12, sk=12)
+    ids = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [7] * 12], dtype=torch.int32)
+    out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True, q_segment_ids=ids, kv_segment_ids=ids)
+    for b, bounds in ((0, [(0, 5), (5, 9), (9, 12)]), (1, [(0, 12)])):
+        for s, e in bounds:
+            want_out, want_lse = attention_reference(q[b:b + 1, s:e], k[b:b + 1, s:e], v[b:b + 1, s:e], None, True)
+            torch.testing.assert_close(out[b:b + 1, s:e], want_out, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(lse[b:b + 1, :, s:e], want_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_segment_gradients_match_the_reference():
+    q, k, v = _qkv(sq=10, sk=10)
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2, 2], [0] * 4 + [3] * 6], dtype=torch.int32)
+    w_out, w_lse = torch.randn(2, 10, 4, 16, dtype=torch.float64), torch.randn(2, 4, 10, dtype=torch.float64)
+    options = dict(causal=True, window_size=(3, -1), softcap=2.0, alibi_slopes=torch.rand(4) * 0.3)
+    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, return_lse=True, q_segment_ids=ids,
+                                                         kv_segment_ids=ids, **options), q, k, v, w_out, w_lse)
+    want = grads_of(lambda q, k, v: attention_reference(q, k, v, q_segment_ids=ids, kv_segment_ids=ids, **options),
+                    q, k, v, w_out, w_lse)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("q_ids, kv_ids, match", [
+    (torch.zeros(2, 13, dtype=torch.int32), None, "q_segment_ids is given without kv_segment_ids"),
+    (torch.zeros(2, 13), torch.zeros(2, 17), "q_segment_ids has dtype float32; expected int32"),
+    (torch.zeros(2, 12, dtype=torch.int32), torch.zeros(2, 17, dtype=torch.int32),
+     r"q_segment_ids has shape \[2, 12\]; expected \[batch, seqlen_q\] = \[2, 13\]"),
+    (torch.zeros(2, 13, dtype=torch.int32), torch.zeros(17, 2, dtype=torch.int32).t(),
+     "kv_segment_ids must have contiguous rows"),
+])
+def test_bad_segment_ids_raise_like_the_fake(q_ids, kv_ids, match):
+    q, k, v = _qkv(dtype=torch.float16)
+    check_fake_raises_like_op(FORWARD, (q, k, v, None, False, False, -1, -1, 0.0, None, q_ids, kv_ids), match)

@@ -98,3 +98,26 @@ def test_plain_attention_is_unchanged_by_default_variant_arguments():
     explicit = fattn.flash_attn_func(q, k, v, 0.0, None, True, (-1, -1), 0.0, None)
     wide = fattn.flash_attn_func(q, k, v, causal=True, window_size=(5000, 5000))
     assert torch.equal(plain, explicit) and torch.equal(plain, wide)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 2, 128), (3, 517, 517, 4, 4, 64), (1, 333, 700, 4, 1, 96)],
+                         ids=lambda c: "b{}-sq{}-sk{}-h{}-hk{}-d{}".format(*c))
+def test_segment_ids_forward_and_gradients(shape, causal):
+    batch, sq, sk, heads, kv_heads, d = shape
+    q, k, v = make_qkv(batch, sq, sk, heads, kv_heads, d, torch.bfloat16, "cuda")
+    cuts = torch.randint(0, sk, (batch, 3), device="cuda")
+    ids = (torch.arange(sk, device="cuda")[None, :, None] >= cuts[:, None, :]).sum(-1).int()
+    options = dict(q_segment_ids=ids[:, sk - sq:].contiguous(), kv_segment_ids=ids, window_size=(256, -1))
+    out, lse = fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **options)
+    check_accuracy(out, lse, q, k, v, None, causal, what=f"{shape} segments causal={causal}", **options)
+    ref_lse = attention_reference(q, k, v, None, causal, **options)[1]
+    w_out = torch.randn(q.shape, device="cuda")
+    w_lse = torch.randn(ref_lse.shape, device="cuda").masked_fill(torch.isinf(ref_lse), 0)
+    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **options),
+                   q, k, v, w_out, w_lse)
+    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, **options), q.double(), k.double(),
+                   v.double(), w_out.double(), w_lse.double())
+    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.bfloat16, **options),
+                   q, k, v, w_out, w_lse)
+    check_gradients(got, ref, low, torch.bfloat16, what=f"{shape} segments causal={causal}")

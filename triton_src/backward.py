@@ -21,9 +21,10 @@ import triton
 import triton.language as tl
 
 from .common import (
-    LOG2E, alibi_slope_log2, key_visible, modified_scores, sequence_span, visible_key_range, visible_query_range,
+    LOG2E, alibi_slope_log2, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span,
+    visible_key_range, visible_query_range,
 )
-from .spec import KernelSpec, f32, f32_tensor, i32, index_tensor, slopes_tensor, strides, tensor
+from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
 
 @triton.jit
 def attn_bwd_preprocess(
@@ -87,11 +88,11 @@ def _dkdv_query_tiles(
     dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
     stride_qs, stride_dos, offs_n, offs_d,
     start, stop, seqlen_q, seqlen_k, head_dim, diagonal, window_left, window_right,
-    qk_scale, softcap_log2, alibi_log2,
+    qk_scale, softcap_log2, alibi_log2, q_seg_base, kv_seg, use_segments,
     BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     """Adds the query rows [start, stop) of one head to this key tile's dK, dV (transposed math:
-    the key tile is the M side of every product)."""
+    the key tile is the M side of every product). kv_seg: the tile's keys' segment ids."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(start, stop, BLOCK_M):
         rows = start_m + offs_m
@@ -105,6 +106,8 @@ def _dkdv_query_tiles(
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if MASKED:
             visible = key_visible(rows[None, :], offs_n[:, None], seqlen_k, diagonal, window_left, window_right)
+            q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
+            visible = visible & (kv_seg[:, None] == q_seg[None, :])
             p_t = tl.where(visible, p_t, 0.0)
         dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))
@@ -127,6 +130,7 @@ def attn_bwd_dkdv(
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
@@ -157,6 +161,9 @@ def attn_bwd_dkdv(
     diagonal = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_segments)
+    kv_seg = segment_ids(KvSegmentIds + batch * stride_kvsegb, offs_n, seqlen_k, use_segments)
+    q_seg_base = QSegmentIds + batch * stride_qsegb
     for g in range(0, kv_group_size):
         head = (kv_head * kv_group_size + g).to(tl.int64)
         q_base = Q + batch * stride_qb + head * stride_qh
@@ -167,15 +174,15 @@ def attn_bwd_dkdv(
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, lo, full_lo, seqlen_q, seqlen_k, head_dim, diagonal,
                                    window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   BLOCK_M, PAD_D, True, SCORE_MOD)
+                                   q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, True, SCORE_MOD)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, full_lo, full_hi, seqlen_q, seqlen_k, head_dim, diagonal,
                                    window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   BLOCK_M, PAD_D, False, SCORE_MOD)
+                                   q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, False, SCORE_MOD)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k, head_dim, diagonal,
                                    window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   BLOCK_M, PAD_D, True, SCORE_MOD)
+                                   q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, True, SCORE_MOD)
 
     dk *= softmax_scale
     _store_rows(DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh, dk, offs_n, stride_dks, offs_d,
@@ -188,7 +195,7 @@ def attn_bwd_dkdv(
 def _dq_key_tiles(
     dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
     offs_m, offs_d, start, stop, seqlen_k, head_dim, diagonal, window_left, window_right,
-    qk_scale, softcap_log2, alibi_log2,
+    qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
     BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     offs_n = tl.arange(0, BLOCK_N)
@@ -202,6 +209,8 @@ def _dq_key_tiles(
         p = tl.math.exp2(qk - lse[:, None])
         if MASKED:
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
+            kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
+            visible = visible & (q_seg[:, None] == kv_seg[None, :])
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
@@ -222,6 +231,7 @@ def attn_bwd_dq(
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
@@ -256,15 +266,18 @@ def attn_bwd_dq(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
+    q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
+    kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
                        seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                       BLOCK_N, PAD_D, True, SCORE_MOD)
+                       q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, full_lo,
                        full_hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-                       alibi_log2, BLOCK_N, PAD_D, False, SCORE_MOD)
+                       alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, False, SCORE_MOD)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, full_hi, hi,
                        seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                       BLOCK_N, PAD_D, True, SCORE_MOD)
+                       q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 
@@ -274,6 +287,8 @@ _PACKING = [*strides("lse", "bh", aligned=False), index_tensor("CuSeqlensQ"), in
 _SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
           i32("window_left"), i32("window_right"),
           slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
+          index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
+          i32("use_segments"),
           f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale")]
 
 ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [

@@ -91,6 +91,21 @@ def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
 
 
 @triton.jit
+def segment_ids(base, idx, n, use_segments):
+    """Segment ids at base[idx] for idx < n; 0 elsewhere, and everywhere when use_segments is 0
+    (nothing is read, and equal ids hide nothing)."""
+    return tl.load(base + idx, mask=(idx < n) & (use_segments != 0), other=0)
+
+
+@triton.jit
+def mask_every_tile(full_lo, full_hi, hi, BLOCK: tl.constexpr, use_segments):
+    """With segment ids any tile may mix segments: an empty unmasked range, so that the first
+    (masked) loop covers the whole visible range. Returns (full_lo, full_hi)."""
+    end = tl.cdiv(hi, BLOCK) * BLOCK
+    return tl.where(use_segments != 0, end, full_lo), tl.where(use_segments != 0, end, full_hi)
+
+
+@triton.jit
 def softcap_tanh(x):
     """tanh(x) as 1 - 2 / (exp(2x) + 1): one exp2, exact at both tails (no inf/inf)."""
     return 1.0 - 2.0 / (tl.math.exp2(x * (2 * LOG2E)) + 1.0)

@@ -28,8 +28,11 @@ so one variant serves either or both.
 import triton
 import triton.language as tl
 
-from .common import alibi_slope_log2, key_visible, sequence_span, modified_scores, softmax_finish, softmax_step, visible_key_range
-from .spec import KernelSpec, f32, f32_tensor, i32, index_tensor, slopes_tensor, strides, tensor
+from .common import (
+    alibi_slope_log2, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, softmax_finish,
+    softmax_step, visible_key_range,
+)
+from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
 
 
 @triton.jit
@@ -38,13 +41,14 @@ def _attend_key_tiles(
     k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
     offs_m, offs_n, offs_d,
     start, stop, seqlen_k, head_dim, diagonal, window_left, window_right,
-    qk_scale, softcap_log2, alibi_log2,
+    qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
     BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     """Folds key tiles [start, stop) into the running softmax state.
 
     `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
-    key_visible (window, causal, end of the keys); the others are visible to every row.
+    key_visible (window, causal, end of the keys) and the segment ids (q_seg per row against
+    the keys' ids at kv_seg_base); the others are visible to every row.
     """
     d_in_range = offs_d < head_dim
     for start_n in range(start, stop, BLOCK_N):
@@ -65,6 +69,8 @@ def _attend_key_tiles(
             qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
         if MASKED:
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
+            kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
+            visible = visible & (q_seg[:, None] == kv_seg[None, :])
             qk = tl.where(visible, qk, float("-inf"))
         p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
 
@@ -89,6 +95,7 @@ def attn_fwd(
     CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
@@ -102,6 +109,8 @@ def attn_fwd(
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap with a softcap, whose
     softcap_log2 = softcap * log2(e) (0 without). ALiBi slopes (float32, natural-log units)
     are read at Alibi + batch * stride_alibib + head * stride_alibih when use_alibi != 0.
+    With use_segments != 0 (dense layout only), query i of sequence b sees key j only if
+    QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
     """
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
@@ -141,19 +150,22 @@ def attn_fwd(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
+    q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
+    kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     # The window's left edge, the fully visible middle, the right edge and the end of the keys.
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
         lo, full_lo, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-        BLOCK_N, PAD_D, True, SCORE_MOD)
+        q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
         full_lo, full_hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-        alibi_log2, BLOCK_N, PAD_D, False, SCORE_MOD)
+        alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, False, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
         full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-        BLOCK_N, PAD_D, True, SCORE_MOD)
+        q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
 
     # Rows that saw no key (outside every window, or causal with seqlen_q > seqlen_k) give
     # out 0 and lse -inf.
@@ -177,5 +189,7 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
     i32("window_left"), i32("window_right"),
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
+    index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
+    i32("use_segments"),
     f32("qk_scale"), f32("softcap_log2"),
 ])

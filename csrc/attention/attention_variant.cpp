@@ -19,7 +19,9 @@ int64_t AttentionVariant::alibi_stride_h() const {
 
 AttentionVariant check_attention_variant(const char* op, const AttentionShape& s, const Tensor& q, bool causal,
                                          int64_t window_left, int64_t window_right, double softcap,
-                                         const std::optional<Tensor>& alibi_slopes) {
+                                         const std::optional<Tensor>& alibi_slopes,
+                                         const std::optional<Tensor>& q_segment_ids,
+                                         const std::optional<Tensor>& kv_segment_ids) {
   if (window_left < -1) fail(op, "window_left is ", window_left, "; expected -1 (unbounded) or >= 0");
   if (window_right < -1) fail(op, "window_right is ", window_right, "; expected -1 (unbounded) or >= 0");
   if (!(softcap >= 0) || !std::isfinite(softcap)) {
@@ -44,7 +46,36 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
     check_same_device(op, "alibi_slopes", a, "q", q);
     variant.alibi_slopes = a;
   }
+  if (q_segment_ids.has_value() != kv_segment_ids.has_value()) {
+    fail(op, q_segment_ids.has_value() ? "q_segment_ids is given without kv_segment_ids"
+                                       : "kv_segment_ids is given without q_segment_ids",
+         "; pass both or neither");
+  }
+  if (q_segment_ids.has_value()) {
+    if (q.dim() != 4) fail(op, "segment ids take the dense [batch, seqlen, heads, head_dim] layout");
+    const char* names[] = {"q_segment_ids", "kv_segment_ids"};
+    const Tensor* ids[] = {&*q_segment_ids, &*kv_segment_ids};
+    const int64_t lengths[] = {s.seqlen_q, s.seqlen_k};
+    for (int i = 0; i < 2; ++i) {
+      check_index_tensor(op, names[i], *ids[i], 2, q);
+      if (ids[i]->size(0) != s.batch || ids[i]->size(1) != lengths[i]) {
+        fail(op, names[i], " has shape ", shape_of(*ids[i]), "; expected [batch, ", i == 0 ? "seqlen_q" : "seqlen_k",
+             "] = [", s.batch, ", ", lengths[i], "]");
+      }
+      if (lengths[i] > 1 && ids[i]->stride(1) != 1) {
+        fail(op, names[i], " must have contiguous rows (stride 1 along the sequence); call .contiguous() first");
+      }
+    }
+    variant.q_segment_ids = *q_segment_ids;
+    variant.kv_segment_ids = *kv_segment_ids;
+  }
   return variant;
+}
+
+KernelSegments kernel_segments(const AttentionVariant& variant, const Tensor& placeholder) {
+  if (!variant.q_segment_ids.has_value()) return {placeholder.data_ptr(), placeholder.data_ptr(), 0, 0, 0};
+  const Tensor &q = *variant.q_segment_ids, &kv = *variant.kv_segment_ids;
+  return {q.data_ptr(), kv.data_ptr(), q.size(0) > 1 ? q.stride(0) : 0, kv.size(0) > 1 ? kv.stride(0) : 0, 1};
 }
 
 KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double> softmax_scale, int64_t head_dim,
@@ -65,6 +96,18 @@ double ScoreMod::derivative(double scaled_dot) const {
   if (softcap <= 0) return 1.0;
   const double t = std::tanh(scaled_dot / softcap);
   return 1.0 - t * t;
+}
+
+CpuSegments cpu_segments(const AttentionVariant& variant, const AttentionShape& s) {
+  CpuSegments segments;
+  if (!variant.q_segment_ids.has_value()) return segments;
+  segments.q = torch::stable::contiguous(*variant.q_segment_ids);
+  segments.kv = torch::stable::contiguous(*variant.kv_segment_ids);
+  segments.q_ids = segments.q->const_data_ptr<int32_t>();
+  segments.kv_ids = segments.kv->const_data_ptr<int32_t>();
+  segments.seqlen_q = s.seqlen_q;
+  segments.seqlen_k = s.seqlen_k;
+  return segments;
 }
 
 std::vector<ScoreMod> score_mods(const AttentionVariant& variant, const AttentionShape& s) {

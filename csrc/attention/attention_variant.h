@@ -17,6 +17,9 @@ struct AttentionVariant {
   int64_t window_left = -1, window_right = -1;
   double softcap = 0;                   // > 0: score -> softcap * tanh(score / softcap)
   std::optional<Tensor> alibi_slopes;   // float32 [heads] or [batch, heads]
+  // int32 [batch, seqlen_q] and [batch, seqlen_k], rows contiguous: query i sees key j only
+  // if their ids are equal (dense layout only).
+  std::optional<Tensor> q_segment_ids, kv_segment_ids;
 
   bool modifies_scores() const { return softcap > 0 || alibi_slopes.has_value(); }
   bool visible(int64_t i, int64_t j, int64_t diagonal) const {
@@ -27,11 +30,23 @@ struct AttentionVariant {
   int64_t alibi_stride_h() const;
 };
 
-// Rejects windows below -1, a negative or non-finite softcap, and slopes that are not
-// float32 [heads] / [batch, heads] on q's device; causal forces window_right to 0.
+// Rejects windows below -1, a negative or non-finite softcap, slopes that are not float32
+// [heads] / [batch, heads] on q's device, and segment ids that are not int32 [batch, seqlen]
+// pairs on q's device (given alone, or with packed inputs); causal forces window_right to 0.
 AttentionVariant check_attention_variant(const char* op, const AttentionShape& s, const Tensor& q, bool causal,
                                          int64_t window_left, int64_t window_right, double softcap,
-                                         const std::optional<Tensor>& alibi_slopes);
+                                         const std::optional<Tensor>& alibi_slopes,
+                                         const std::optional<Tensor>& q_segment_ids = std::nullopt,
+                                         const std::optional<Tensor>& kv_segment_ids = std::nullopt);
+
+// The segment ids as the kernels take them; pointers at `placeholder` when there are none
+// (use_segments 0: never read).
+struct KernelSegments {
+  const void* q;
+  const void* kv;
+  int64_t stride_q, stride_kv, use_segments;
+};
+KernelSegments kernel_segments(const AttentionVariant& variant, const Tensor& placeholder);
 
 // How the kernels take the scores (log2 domain, exp2 softmax): qk_scale multiplies q.k;
 // with a softcap it is scale / softcap and the kernel applies softcap_log2 * tanh (softcap_log2
@@ -53,6 +68,18 @@ struct ScoreMod {
   double score(double scaled_dot, int64_t i, int64_t j, int64_t diagonal) const;
   double derivative(double scaled_dot) const;
 };
+// The segment ids for the CPU references: same(b, i, j) is true when there are none.
+struct CpuSegments {
+  std::optional<Tensor> q, kv;  // contiguous copies, kept alive for the pointers
+  const int32_t* q_ids = nullptr;
+  const int32_t* kv_ids = nullptr;
+  int64_t seqlen_q = 0, seqlen_k = 0;
+  bool same(int64_t b, int64_t i, int64_t j) const {
+    return q_ids == nullptr || q_ids[b * seqlen_q + i] == kv_ids[b * seqlen_k + j];
+  }
+};
+CpuSegments cpu_segments(const AttentionVariant& variant, const AttentionShape& s);
+
 // One ScoreMod per (batch, head), batch-major.
 std::vector<ScoreMod> score_mods(const AttentionVariant& variant, const AttentionShape& s);
 

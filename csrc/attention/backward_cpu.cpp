@@ -23,6 +23,7 @@ std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const Atte
                                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse) {
   const std::vector<ScoreMod> mods = score_mods(variant, s);
+  const CpuSegments segments = cpu_segments(variant, s);
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v), dod = as_double(dout), od = as_double(out);
   Tensor lsed = as_double(lse);
@@ -51,7 +52,7 @@ std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const Atte
         double delta = -DL[spans.lse_index(b, h, i)];
         for (int64_t d = 0; d < D; ++d) delta += DO[row * D + d] * O[row * D + d];
         for (int64_t j = 0; j < spans.k_len[b]; ++j) {
-          if (!variant.visible(i, j, diagonal)) continue;
+          if (!variant.visible(i, j, diagonal) || !segments.same(b, i, j)) continue;
           const int64_t kv_row = (spans.k_start[b] + j) * HK + hk;
           double score = 0, dp = 0;
           for (int64_t d = 0; d < D; ++d) {
@@ -81,7 +82,8 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
   const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
+                              q_segment_ids, kv_segment_ids);
   return gradients(s, variant, dense_spans(s), softmax_scale, dout, q, k, v, out, lse, dlse);
 }
 

@@ -72,6 +72,7 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
+  const KernelSegments segments = kernel_segments(variant, lse);
   kernels::launch_attn_bwd_dkdv(dkdv, dkdv_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DK = dk.data_ptr(), .DV = dv.data_ptr(),
@@ -84,7 +85,9 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
       .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
+      .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
+      .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
+      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale});
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
@@ -98,7 +101,9 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
       .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
+      .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
+      .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
+      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale});
   return {dq, dk, dv};
 }
@@ -111,7 +116,8 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
   const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
+                              q_segment_ids, kv_segment_ids);
   return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse);
 }
 

@@ -21,6 +21,7 @@ namespace {
 void attend(const AttentionShape& s, const AttentionVariant& variant, const SequenceSpans& spans, double scale,
             const Tensor& qd, const Tensor& kd, const Tensor& vd, Tensor& out_d, Tensor& lse_d) {
   const std::vector<ScoreMod> mods = score_mods(variant, s);
+  const CpuSegments segments = cpu_segments(variant, s);
   const double* Q = qd.const_data_ptr<double>();
   const double* K = kd.const_data_ptr<double>();
   const double* V = vd.const_data_ptr<double>();
@@ -40,7 +41,7 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
         double row_max = neg_inf;
         for (int64_t j = 0; j < seqlen_k; ++j) {
           scores[j] = neg_inf;  // masked: weight exp(-inf) = 0
-          if (!variant.visible(i, j, diagonal)) continue;
+          if (!variant.visible(i, j, diagonal) || !segments.same(b, i, j)) continue;
           const double* kj = K + ((spans.k_start[b] + j) * HK + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += Q[row * D + d] * kj[d];
@@ -87,7 +88,8 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   constexpr const char* op = "fattn.forward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
+                              q_segment_ids, kv_segment_ids);
   return forward_reference(s, variant, dense_spans(s), softmax_scale, q, k, v, {s.batch, s.heads, s.seqlen_q});
 }
 

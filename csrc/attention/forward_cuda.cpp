@@ -34,6 +34,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   k = aligned_for_kernel(k);
   v = aligned_for_kernel(v);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
+  const KernelSegments segments = kernel_segments(variant, lse);
   const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
   const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out);
   const LseStrides ls = lse_strides(lse);
@@ -47,7 +48,9 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
       .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
+      .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
+      .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
+      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
   });
   return {out, lse};
 }
@@ -59,7 +62,8 @@ std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
   constexpr const char* op = "fattn.forward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   const AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
+                              q_segment_ids, kv_segment_ids);
   return launch_forward(op, s, variant, softmax_scale, q, k, v);
 }
 

@@ -40,29 +40,35 @@ inline void keep_library_linked() {
 // d = seqlen_k - seqlen_q, a side < 0 being unbounded; causal forces window_right = 0, so a
 // decode step's single query sees the whole cache. softcap > 0 maps a score s to
 // softcap * tanh(s / softcap); alibi_slopes (float32 [heads] or [batch, heads]) then adds
-// -slope * |i + d - j|. Inference only: autograd for the operator is registered by the
+// -slope * |i + d - j|. q_segment_ids int32 [batch, seqlen_q] and kv_segment_ids [batch,
+// seqlen_k] (both or neither) restrict query i to keys of its own segment (packing several
+// documents into one row). Inference only: autograd for the operator is registered by the
 // Python package.
 inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v,
                                                   std::optional<double> softmax_scale = std::nullopt,
                                                   bool causal = false, int64_t window_left = -1,
                                                   int64_t window_right = -1, double softcap = 0.0,
-                                                  const std::optional<at::Tensor>& alibi_slopes = std::nullopt) {
+                                                  const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
+                                                  const std::optional<at::Tensor>& q_segment_ids = std::nullopt,
+                                                  const std::optional<at::Tensor>& kv_segment_ids = std::nullopt) {
   detail::keep_library_linked();
   // Schema: forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None,
   //                 bool causal=False, bool deterministic=False, int window_left=-1,
-  //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None)
-  //          -> (Tensor out, Tensor lse)
+  //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None,
+  //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None) -> (Tensor out, Tensor lse)
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fattn::forward", "")
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                     const at::Tensor&, std::optional<double>,
                                                     bool, bool, int64_t, int64_t, double,
+                                                    const std::optional<at::Tensor>&,
+                                                    const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&)>();
   // `deterministic` only matters to the backward, which C++ callers do not run.
   return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false, window_left, window_right,
-                 softcap, alibi_slopes);
+                 softcap, alibi_slopes, q_segment_ids, kv_segment_ids);
 }
 
 // Flash decoding: attention of a few new query tokens (1 <= seqlen_q <= 16) over a KV cache,

@@ -146,3 +146,23 @@ def check_alibi_slopes(op: str, alibi_slopes, q, batch, heads) -> None:
         fail(op, "alibi_slopes has shape ", shape_of(alibi_slopes), "; expected [heads] = [", heads,
              "] or [batch, heads] = [", batch, ", ", heads, "]")
     check_same_device(op, "alibi_slopes", alibi_slopes, "q", q)
+
+
+def check_segment_ids(op: str, q_segment_ids, kv_segment_ids, q, batch, seqlen_q, seqlen_k) -> None:
+    """int32 [batch, seqlen_q] / [batch, seqlen_k] pairs on q's device, rows contiguous, dense layout."""
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        which = "q_segment_ids is given without kv_segment_ids" if q_segment_ids is not None else \
+            "kv_segment_ids is given without q_segment_ids"
+        fail(op, which, "; pass both or neither")
+    if q_segment_ids is None:
+        return
+    if q.dim() != 4:
+        fail(op, "segment ids take the dense [batch, seqlen, heads, head_dim] layout")
+    for name, ids, length, label in (("q_segment_ids", q_segment_ids, seqlen_q, "seqlen_q"),
+                                     ("kv_segment_ids", kv_segment_ids, seqlen_k, "seqlen_k")):
+        check_index_tensor(op, name, ids, 2, q)
+        if tuple(ids.shape) != (batch, length):
+            fail(op, name, " has shape ", shape_of(ids), "; expected [batch, ", label, "] = [", batch, ", ", length,
+                 "]")
+        if length > 1 and ids.stride(1) != 1:
+            fail(op, name, " must have contiguous rows (stride 1 along the sequence); call .contiguous() first")

@@ -11,7 +11,8 @@ from torch.autograd.function import once_differentiable
 
 from ._checks import (
     check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups,
-    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_softcap, check_window,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_segment_ids, check_softcap,
+    check_window,
     dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from . import _head_dim
@@ -40,6 +41,8 @@ def flash_attn_func(
     return_attn_probs: bool = False,
     *,
     return_lse: bool = False,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, with flash-attn 2.8's parameters
     in flash-attn's order (fattn's own extras are keyword-only, after them).
@@ -73,6 +76,10 @@ def flash_attn_func(
            float32 [batch, heads, seqlen_q] (natural log, -inf for empty rows;
            float64 for float64 inputs on CPU).
            It is differentiable: a gradient flowing into lse reaches q and k.
+        q_segment_ids, kv_segment_ids: (keyword) int32 [batch, seqlen_q] and [batch, seqlen_k],
+           both or neither: query i sees key j only if their ids are equal (several documents
+           packed in one row); combines with causal, windows, softcap and ALiBi. Every tile
+           is masked when they are given.
 
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype; (out, lse) with return_lse;
@@ -85,7 +92,7 @@ def flash_attn_func(
         softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-                          alibi_slopes)
+                          alibi_slopes, q_segment_ids, kv_segment_ids)
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -122,7 +129,7 @@ def check_dropout(fn, dropout_p):
 def _attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right. args: the op's
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-    alibi_slopes)."""
+    alibi_slopes, q_segment_ids, kv_segment_ids)."""
     q, k, v = args[:3]
     if _is_compiling():
         # Traced graphs differentiate through the op's registered autograd.
@@ -140,16 +147,17 @@ def _attention(*args):
 # ---------------------------------------------------------------- autograd
 
 # fattn::forward's defaults after q, k, v: softmax_scale, causal, deterministic, window_left,
-# window_right, softcap, alibi_slopes (csrc/register.cpp); tests/test_op_samples.py checks them.
-_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None]
+# window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids (csrc/register.cpp);
+# tests/test_op_samples.py checks them.
+_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None]
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]  # what the call left to the schema's defaults
-    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes = options
+    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg = options
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg)
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     # An output nobody used gets None, not a zero tensor: no allocation, no fill, and the
     # backward skips the dlse term.
@@ -158,11 +166,11 @@ def _setup_context(ctx, inputs, output):
 
 @once_differentiable  # no double backward yet: differentiating twice raises instead of giving 0
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, q_seg, kv_seg = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes, q_seg, kv_seg)
+    return (dq, dk, dv) + (None,) * len(_OPTION_DEFAULTS)
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
@@ -257,19 +265,21 @@ def check_backward_inputs(op: str, s: AttentionShape, q, dout, out, lse, dlse) -
         check_same_device(op, name, t, "q", q)
 
 
-def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_right, softcap, alibi_slopes):
+def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_right, softcap, alibi_slopes,
+                            q_segment_ids=None, kv_segment_ids=None):
     """The op's checks of the variant arguments, in the op's order (after the inputs')."""
     check_window(op, window_left, window_right)
     check_softcap(op, softcap)
     check_alibi_slopes(op, alibi_slopes, q, s.batch, s.heads)
+    check_segment_ids(op, q_segment_ids, kv_segment_ids, q, s.batch, s.seqlen_q, s.seqlen_k)
 
 
 @torch.library.register_fake("fattn::forward")
 def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
-                  softcap=0.0, alibi_slopes=None):
+                  softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     op = "fattn.forward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
-    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
+    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
     # Both outputs are fresh and contiguous, as the op allocates them.
     out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim))
     lse = q.new_empty((s.batch, s.heads, s.seqlen_q), dtype=lse_dtype(q.dtype))
@@ -278,10 +288,10 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False
 
 @torch.library.register_fake("fattn::backward")
 def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1,
-                   window_right=-1, softcap=0.0, alibi_slopes=None):
+                   window_right=-1, softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     op = "fattn.backward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     check_backward_inputs(op, s, q, dout, out, lse, dlse)
-    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
+    check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
     # Fresh contiguous gradients shaped like q, k and v.
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

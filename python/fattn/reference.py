@@ -14,13 +14,14 @@ from ._checks import lse_dtype
 
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
-                        softcap=0.0, alibi_slopes=None):
+                        softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
 
     Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
     d = seqlen_k - seqlen_q, right forced to 0 by `causal`. Scores: scale * q.k, then
     softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d - j| with alibi_slopes
-    ([heads] or [batch, heads]).
+    ([heads] or [batch, heads]). With segment ids ([batch, seqlen_q], [batch, seqlen_k]) query i
+    sees key j only if their ids are equal.
     """
     out_dtype = q.dtype
     q, k, v = (t.to(dtype) for t in (q, k, v))
@@ -46,6 +47,9 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
         scores = scores.masked_fill(col > row + diag + right, float("-inf"))
     if left >= 0:
         scores = scores.masked_fill(col < row + diag - left, float("-inf"))
+    if q_segment_ids is not None:
+        other = q_segment_ids[:, None, :, None] != kv_segment_ids[:, None, None, :]
+        scores = scores.masked_fill(other, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)

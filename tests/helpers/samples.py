@@ -63,6 +63,9 @@ FORWARD_CASES = [
     ("alibi-heads-sq4-sk9", (2, 4, 9, 4, 2, 8), "contiguous", None, False, dict(alibi="heads")),
     ("strided-alibi-batch-softcap-window-causal", (2, 9, 6, 2, 2, 16), "strided", 0.5, True,
      dict(window=(1, -1), softcap=2.0, alibi="batch")),
+    ("segments-causal", (2, 11, 11, 4, 2, 8), "contiguous", None, True, dict(segments=True)),
+    ("segments-sq7-sk10-window-softcap", (2, 7, 10, 2, 2, 16), "contiguous", None, False,
+     dict(segments=True, window=(3, 2), softcap=1.0)),
 ]
 
 
@@ -74,17 +77,31 @@ def alibi_slopes(kind, batch, heads, device):
     return torch.rand(shape, device=device) * 0.5 + 0.05
 
 
-def forward_variant_args(variant, batch, heads, device):
-    """(window_left, window_right, softcap, alibi_slopes): the op's variant arguments."""
+def segment_ids(batch, seqlen, device, generator_seed):
+    """int32 [batch, seqlen] ids of 1-3 consecutive segments per row (documents packed in a row)."""
+    gen = torch.Generator().manual_seed(generator_seed)
+    cuts = torch.randint(0, max(seqlen, 1), (batch, 2), generator=gen)
+    positions = torch.arange(seqlen)
+    return ((positions[None, :, None] >= cuts[:, None, :]).sum(-1)).to(torch.int32).to(device)
+
+
+def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0):
+    """(window_left, window_right, softcap, alibi_slopes[, q_segment_ids, kv_segment_ids]): the op's
+    variant arguments. Segment ids cut q and k at the same places (self-attention packing)."""
     window = variant.get("window", (-1, -1))
-    return (window[0], window[1], variant.get("softcap", 0.0),
-            alibi_slopes(variant.get("alibi"), batch, heads, device))
+    args = (window[0], window[1], variant.get("softcap", 0.0), alibi_slopes(variant.get("alibi"), batch, heads, device))
+    if variant.get("segments"):
+        ids = segment_ids(batch, max(seqlen_q, seqlen_k), device, generator_seed=seqlen_q * 31 + seqlen_k)
+        args += (ids[:, :seqlen_q].contiguous(), ids[:, max(seqlen_q, seqlen_k) - seqlen_k:].contiguous())
+    return args
 
 
 def reference_variant(forward_args):
     """fattn.reference.attention_reference's keywords for a forward sample's variant arguments."""
     window_left, window_right, softcap, alibi = forward_args[6:10]
-    return dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi)
+    segments = tuple(forward_args[10:12]) + (None, None)
+    return dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi,
+                q_segment_ids=segments[0], kv_segment_ids=segments[1])
 
 
 def forward_samples(device, dtype, requires_grad=False):
@@ -94,7 +111,7 @@ def forward_samples(device, dtype, requires_grad=False):
         q, k, v = make_qkv(*shape, dtype, device, layout=layout)
         if requires_grad:
             q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        options = forward_variant_args(variant[0] if variant else {}, shape[0], shape[3], device)
+        options = forward_variant_args(variant[0] if variant else {}, shape[0], shape[3], device, shape[1], shape[2])
         yield Sample(name, (q, k, v, softmax_scale, causal, False, *options))
 
 

@@ -62,7 +62,8 @@ std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
 #define FATTN_DECODE_ARGS Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k, \
                           std::optional<Tensor> v, std::optional<Tensor> cache_seqlens, \
                           std::optional<Tensor> block_table, std::optional<double> softmax_scale, bool causal, \
-                          int64_t window_left, int64_t window_right, double softcap, int64_t num_splits
+                          int64_t window_left, int64_t window_right, double softcap, int64_t num_splits, \
+                          std::optional<Tensor> alibi_slopes
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS);
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS);
 

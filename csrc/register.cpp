@@ -28,7 +28,8 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   // k_cache and v_cache are written in place when k and v are given (the append).
   m.def("decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
         "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0) -> (Tensor out, Tensor lse)");
+        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? alibi_slopes=None) "
+        "-> (Tensor out, Tensor lse)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {

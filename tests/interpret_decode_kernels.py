@@ -34,7 +34,8 @@ BLOCK_M, BLOCK_N, BLOCK_S = 16, 16, 4  # small tiles: several key tiles, row til
 LAUNCH = dict(num_warps=4, num_stages=1)
 
 
-def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits):
+def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
+           alibi=None):
     batch, seqlen_q, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     block_d = triton.next_power_of_2(head_dim)
@@ -62,6 +63,8 @@ def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal
         BLOCK_N=BLOCK_N, Q=q, PartOut=part_out, PartLse=part_lse, Out=out, Lse=lse, **tensor_strides("q", q),
         seqlen_q=seqlen_q, num_heads=heads, kv_group_size=heads // kv_heads, head_dim=head_dim,
         seqlen_new=seqlen_new, num_splits=splits, window_left=window[0], window_right=0 if causal else window[1],
+        Alibi=alibi if alibi is not None else lse, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2
+        else 0, stride_alibih=alibi.stride(-1) if alibi is not None else 0, use_alibi=int(alibi is not None),
         qk_scale=scale / softcap if softcap > 0 else scale * math.log2(math.e),
         softcap_log2=softcap * math.log2(math.e) if softcap > 0 else 0.0)
     if splits > 1:
@@ -81,10 +84,12 @@ CASES = [
     ("contiguous-window-left-softcap", 1, 4, 4, 24, None, 0, False, (5, -1), 5.0, 3),
     ("paged32-window-right-9splits", 5, 6, 1, 32, 32, 2, False, (-1, 2), 0.0, 9),
     ("paged16-causal-softcap", 4, 8, 2, 40, 16, 1, True, (-1, -1), 3.0, 4),
+    ("paged16-causal-softcap-alibi-gqa4", 3, 8, 2, 16, 16, 2, True, (-1, -1), 3.0, 4),
 ]
 
 
 def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, causal, window, softcap, splits):
+    """Cases named *alibi* add [batch, heads] ALiBi slopes."""
     # An empty sequence, a short and a long one: with 9 splits the long one spreads its keys
     # over more splits than one merge chunk (BLOCK_S) holds. A right window only bites
     # when it is shorter than seqlen_q - 1 (the mask is aligned bottom-right).
@@ -102,11 +107,13 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
     k_new = torch.randn(batch, seqlen_new, kv_heads, head_dim) if seqlen_new else None
     v_new = torch.randn_like(k_new) if seqlen_new else None
     want_k, want_v = k_cache.double(), v_cache.double()
+    alibi = torch.rand(batch, heads) * 0.2 if "alibi" in name else None
     want_out, want_lse = torch.ops.fattn.decode(
         q.double(), want_k, want_v, None if k_new is None else k_new.double(),
         None if v_new is None else v_new.double(), cache_seqlens, block_table, None, causal, window[0], window[1],
-        softcap, 0)
-    out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits)
+        softcap, 0, alibi)
+    out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
+                      alibi)
     finite = torch.isfinite(want_lse)
     return {
         "case": name,

@@ -116,6 +116,23 @@ def test_causal_forces_right_window_zero():
     assert not torch.allclose(a[0], c[0])
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_alibi_matches_the_reference_and_forward(paged):
+    q = torch.randn(2, 3, 4, 16, dtype=torch.float64)
+    cache = KVCache(2, 48, 2, 16, torch.float64, "cpu", page_size=16 if paged else None)
+    k, v = new_tokens(2, 3, 2, 16, torch.float64, "cpu")
+    slopes = torch.rand(2, 4) * 0.3
+    run_decode(q, cache, seqlens_tensor([7, 40]), k, v, what="alibi", causal=True, softcap=2.0,
+               alibi_slopes=slopes)
+    # One sequence's decode equals flash_attn_func over its keys with the same slopes.
+    cache = KVCache(1, 48, 2, 16, torch.float64, "cpu")
+    got = fattn.flash_attn_with_kvcache(q[:1], cache.k_cache, cache.v_cache, cache_seqlens=seqlens_tensor([20]),
+                                        causal=True, alibi_slopes=slopes[0])
+    want = fattn.flash_attn_func(q[:1], cache.k_cache[:, :20], cache.v_cache[:, :20], causal=True,
+                                 alibi_slopes=slopes[0])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_rows_with_no_visible_key():
     q = torch.randn(3, 4, 4, 32, dtype=torch.float32)
     cache = KVCache(3, 40, 2, 32, torch.float32, "cpu", page_size=16)

@@ -35,7 +35,7 @@ def _poison(batch, seqlen_q, heads, head_dim, dtype):
 
 def decode_case(lengths, seqlen_q, heads, kv_heads, head_dim, dtype, page_size=None, seqlen_new=0, causal=True,
                 window=(-1, -1), softcap=0.0, softmax_scale=None, num_splits=0, layout="contiguous", cache=None,
-                what=""):
+                what="", alibi=False):
     """Build (or reuse) a cache, run one decode step on the GPU and check it. Returns (out, lse, cache)."""
     batch = len(lengths)
     if cache is None:
@@ -45,6 +45,8 @@ def decode_case(lengths, seqlen_q, heads, kv_heads, head_dim, dtype, page_size=N
     k, v = new_tokens(batch, seqlen_new, kv_heads, head_dim, dtype, DEV)
     cache_seqlens = seqlens_tensor(lengths, DEV)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window, softcap=softcap)
+    if alibi:  # ALiBi's slopes 2^(-8 i / heads), one set per sequence
+        kw["alibi_slopes"] = (2.0 ** (-8.0 * torch.arange(1, heads + 1, device=DEV) / heads)).expand(batch, heads)
     what = what or (f"len={lengths} sq={seqlen_q} h={heads}/{kv_heads} d={head_dim} {dtype} page={page_size} "
                     f"new={seqlen_new} {kw} splits={num_splits} {layout}")
     # The reference first: it reads the cache as it is before the op's append.
@@ -129,6 +131,13 @@ def test_long_context_window_and_softcap():
 def test_window_and_softcap(causal, window, softcap, scale, page_size):
     decode_case(MIXED, 8, 16, 4, 128, torch.bfloat16, page_size, 5, causal, window=window, softcap=softcap,
                 softmax_scale=scale)
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 7])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_alibi(page_size, num_splits):
+    decode_case(MIXED, 4, 16, 4, 128, torch.bfloat16, page_size, 2, True, window=(900, -1), softcap=30.0,
+                num_splits=num_splits, alibi=True)
 
 
 def test_softcap_fp16_head_dim_80():

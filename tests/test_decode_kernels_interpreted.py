@@ -2,7 +2,7 @@
 (tests/interpret_decode_kernels.py) against fattn's float64 CPU decode op.
 
 CI has no GPU, so this is where the split-K chunking, the page mapping, the append, the
-window and softcap masks and the merge of the Triton source are checked before the device
+window and softcap masks, ALiBi and the merge of the Triton source are checked before the device
 runs the compiled cubins (test_decode_gpu.py)."""
 
 import json
@@ -33,7 +33,7 @@ def interpreted():
 
 def test_every_case_ran(interpreted):
     seed, rows = interpreted
-    assert len(rows) == 7, f"seed {seed}: {sorted(rows)}"
+    assert len(rows) == 8, f"seed {seed}: {sorted(rows)}"
     # The batch holds an empty sequence (no append): its rows must come out empty.
     assert rows["paged16-mha-3splits"]["empty_rows"] > 0
 
@@ -41,7 +41,7 @@ def test_every_case_ran(interpreted):
 @pytest.mark.parametrize("case", [
     "contiguous-gqa4-1split", "paged16-mha-3splits", "contiguous-mqa-causal-2rowtiles-9splits",
     "paged16-window-both", "contiguous-window-left-softcap", "paged32-window-right-9splits",
-    "paged16-causal-softcap",
+    "paged16-causal-softcap", "paged16-causal-softcap-alibi-gqa4",
 ])
 def test_kernels_match_cpu_op(interpreted, case):
     seed, rows = interpreted

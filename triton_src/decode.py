@@ -26,8 +26,8 @@ to every key tile: the kernel is bound by memory, the compares are free.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, merge_finish, merge_rescale, softmax_finish, softmax_step
-from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, strides, tensor
+from .common import LOG2E, merge_finish, merge_rescale, softcap_tanh, softmax_finish, softmax_step
+from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
 
 
 @triton.jit
@@ -82,6 +82,7 @@ def attn_decode_split(
     stride_tb,
     seqlen_q, num_heads, kv_group_size, head_dim, seqlen_new, capacity, page_size, num_splits,
     window_left, window_right,
+    Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAD_D: tl.constexpr,
@@ -91,7 +92,9 @@ def attn_decode_split(
     window_left/right < 0 mean unbounded (causal is window_right = 0). With
     softcap_log2 > 0 the score is softcap * tanh(s) with s = q.k * qk_scale, and
     softcap_log2 = softcap * log2(e); otherwise the score is q.k * qk_scale, which
-    then already holds log2(e). Out [batch, seqlen_q, heads, head_dim] and Lse
+    then already holds log2(e). With use_alibi != 0, ALiBi subtracts slope * |t + diagonal - j|
+    (the slope of the row's head, at Alibi + batch * stride_alibib + head * stride_alibih) after
+    the softcap. Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
@@ -134,6 +137,8 @@ def attn_decode_split(
     row_lo = tl.where(window_left >= 0, token + diagonal - window_left, 0)
     row_hi = tl.where(window_right >= 0, token + diagonal + window_right, seqlen_k)
     table_row = batch * stride_tb if PAGED else batch
+    alibi_log2 = tl.load(Alibi + batch * stride_alibib + head * stride_alibih,
+                         mask=row_ok & (use_alibi != 0), other=0.0) * LOG2E
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -156,8 +161,9 @@ def attn_decode_split(
             k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
         qk = tl.dot(q, k) * qk_scale
         if softcap_log2 > 0:
-            # softcap * tanh(s), tanh(s) = 1 - 2 / (exp(2s) + 1): exact at both tails.
-            qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(qk * (2 * LOG2E)) + 1.0))
+            qk = softcap_log2 * softcap_tanh(qk)
+        if use_alibi != 0:
+            qk -= alibi_log2[:, None] * tl.abs(token[:, None] + diagonal - cols[None, :]).to(tl.float32)
         visible = col_ok[None, :] & (cols[None, :] >= row_lo[:, None]) & (cols[None, :] <= row_hi[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, True)
@@ -238,6 +244,7 @@ ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
     *strides("q"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
     i32("seqlen_q"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8), i32("seqlen_new"),
     i32("capacity"), i32("page_size"), i32("num_splits"), i32("window_left"), i32("window_right"),
+    slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
     f32("qk_scale"), f32("softcap_log2"),
 ])
 ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [

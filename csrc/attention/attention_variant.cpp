@@ -7,14 +7,31 @@
 
 namespace fattn {
 
-int64_t AttentionVariant::alibi_stride_b() const {
-  if (!alibi_slopes.has_value() || alibi_slopes->dim() == 1 || alibi_slopes->size(0) == 1) return 0;
-  return alibi_slopes->stride(0);
+int64_t alibi_stride_b(const std::optional<Tensor>& slopes) {
+  if (!slopes.has_value() || slopes->dim() == 1 || slopes->size(0) == 1) return 0;
+  return slopes->stride(0);
 }
 
-int64_t AttentionVariant::alibi_stride_h() const {
-  if (!alibi_slopes.has_value()) return 0;
-  return alibi_slopes->stride(alibi_slopes->dim() - 1);
+int64_t alibi_stride_h(const std::optional<Tensor>& slopes) {
+  return slopes.has_value() ? slopes->stride(slopes->dim() - 1) : 0;
+}
+
+void check_alibi_slopes(const char* op, const Tensor& a, const Tensor& q, int64_t batch, int64_t heads) {
+  if (a.scalar_type() != ScalarType::Float) {
+    fail(op, "alibi_slopes has dtype ", dtype_name(a.scalar_type()), "; expected float32");
+  }
+  const bool per_head = a.dim() == 1 && a.size(0) == heads;
+  const bool per_batch = a.dim() == 2 && a.size(0) == batch && a.size(1) == heads;
+  if (!per_head && !per_batch) {
+    fail(op, "alibi_slopes has shape ", shape_of(a), "; expected [heads] = [", heads, "] or [batch, heads] = [",
+         batch, ", ", heads, "]");
+  }
+  check_same_device(op, "alibi_slopes", a, "q", q);
+}
+
+ScoreScales score_scales(double scale, double softcap) {
+  if (softcap > 0) return {scale / softcap, softcap * M_LOG2E};
+  return {scale * M_LOG2E, 0.0};
 }
 
 AttentionVariant check_attention_variant(const char* op, const AttentionShape& s, const Tensor& q, bool causal,
@@ -33,18 +50,8 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
   variant.window_right = causal ? 0 : bound(window_right);
   variant.softcap = softcap;
   if (alibi_slopes.has_value()) {
-    const Tensor& a = *alibi_slopes;
-    if (a.scalar_type() != ScalarType::Float) {
-      fail(op, "alibi_slopes has dtype ", dtype_name(a.scalar_type()), "; expected float32");
-    }
-    const bool per_head = a.dim() == 1 && a.size(0) == s.heads;
-    const bool per_batch = a.dim() == 2 && a.size(0) == s.batch && a.size(1) == s.heads;
-    if (!per_head && !per_batch) {
-      fail(op, "alibi_slopes has shape ", shape_of(a), "; expected [heads] = [", s.heads, "] or [batch, heads] = [",
-           s.batch, ", ", s.heads, "]");
-    }
-    check_same_device(op, "alibi_slopes", a, "q", q);
-    variant.alibi_slopes = a;
+    check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);
+    variant.alibi_slopes = *alibi_slopes;
   }
   if (q_segment_ids.has_value() != kv_segment_ids.has_value()) {
     fail(op, q_segment_ids.has_value() ? "q_segment_ids is given without kv_segment_ids"
@@ -80,9 +87,8 @@ KernelSegments kernel_segments(const AttentionVariant& variant, const Tensor& pl
 
 KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double> softmax_scale, int64_t head_dim,
                            const Tensor& placeholder) {
-  const double scale = resolve_softmax_scale(softmax_scale, head_dim);
-  const bool capped = variant.softcap > 0;
-  return {capped ? scale / variant.softcap : scale * M_LOG2E, capped ? variant.softcap * M_LOG2E : 0.0,
+  const ScoreScales scales = score_scales(resolve_softmax_scale(softmax_scale, head_dim), variant.softcap);
+  return {scales.qk_scale, scales.softcap_log2,
           variant.alibi_slopes.has_value() ? variant.alibi_slopes->data_ptr() : placeholder.data_ptr(),
           variant.alibi_slopes.has_value() ? 1 : 0};
 }
@@ -110,14 +116,15 @@ CpuSegments cpu_segments(const AttentionVariant& variant, const AttentionShape& 
   return segments;
 }
 
-std::vector<ScoreMod> score_mods(const AttentionVariant& variant, const AttentionShape& s) {
-  std::vector<ScoreMod> mods(s.batch * s.heads, ScoreMod{variant.softcap, 0.0});
-  if (!variant.alibi_slopes.has_value()) return mods;
-  Tensor slopes = as_double(*variant.alibi_slopes);
+std::vector<ScoreMod> score_mods(double softcap, const std::optional<Tensor>& alibi_slopes, int64_t batch,
+                                 int64_t heads) {
+  std::vector<ScoreMod> mods(batch * heads, ScoreMod{softcap, 0.0});
+  if (!alibi_slopes.has_value()) return mods;
+  Tensor slopes = as_double(*alibi_slopes);
   const double* a = slopes.const_data_ptr<double>();
   const bool per_batch = slopes.dim() == 2;
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) mods[b * s.heads + h].slope = a[(per_batch ? b * s.heads : 0) + h];
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) mods[b * heads + h].slope = a[(per_batch ? b * heads : 0) + h];
   }
   return mods;
 }

@@ -10,6 +10,11 @@
 
 namespace fattn {
 
+// ALiBi slopes' (batch, head) strides as the kernels read them: a [heads] tensor repeats over
+// batch; 0 without slopes.
+int64_t alibi_stride_b(const std::optional<Tensor>& slopes);
+int64_t alibi_stride_h(const std::optional<Tensor>& slopes);
+
 struct AttentionVariant {
   // Key j is visible to query i iff i + diagonal - window_left <= j <= i + diagonal +
   // window_right (diagonal = seqlen_k - seqlen_q); -1 is unbounded. A side wide enough to
@@ -26,8 +31,8 @@ struct AttentionVariant {
     return (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right);
   }
   // ALiBi strides over (batch, head) as the kernels read them: a [heads] tensor repeats over batch.
-  int64_t alibi_stride_b() const;
-  int64_t alibi_stride_h() const;
+  int64_t alibi_stride_b() const { return fattn::alibi_stride_b(alibi_slopes); }
+  int64_t alibi_stride_h() const { return fattn::alibi_stride_h(alibi_slopes); }
 };
 
 // Rejects windows below -1, a negative or non-finite softcap, slopes that are not float32
@@ -57,6 +62,15 @@ struct KernelScores {
   const void* alibi;
   int64_t use_alibi;
 };
+// The (qk_scale, softcap_log2) pair alone, for every kernel family that takes a softcap.
+struct ScoreScales {
+  double qk_scale, softcap_log2;
+};
+ScoreScales score_scales(double softmax_scale, double softcap);
+
+// ALiBi slopes: float32 [heads] or [batch, heads] on q's device.
+void check_alibi_slopes(const char* op, const Tensor& slopes, const Tensor& q, int64_t batch, int64_t heads);
+
 KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double> softmax_scale, int64_t head_dim,
                            const Tensor& placeholder);
 
@@ -80,7 +94,8 @@ struct CpuSegments {
 };
 CpuSegments cpu_segments(const AttentionVariant& variant, const AttentionShape& s);
 
-// One ScoreMod per (batch, head), batch-major.
-std::vector<ScoreMod> score_mods(const AttentionVariant& variant, const AttentionShape& s);
+// One ScoreMod per (batch, head), batch-major (decode's CPU reference uses them too).
+std::vector<ScoreMod> score_mods(double softcap, const std::optional<Tensor>& alibi_slopes, int64_t batch,
+                                 int64_t heads);
 
 }  // namespace fattn

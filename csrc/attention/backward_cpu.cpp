@@ -22,7 +22,7 @@ std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const Atte
                                              const SequenceSpans& spans, std::optional<double> softmax_scale,
                                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse) {
-  const std::vector<ScoreMod> mods = score_mods(variant, s);
+  const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v), dod = as_double(dout), od = as_double(out);

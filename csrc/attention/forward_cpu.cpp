@@ -20,7 +20,7 @@ namespace {
 // out and lse are zero-filled float64 tensors shaped as the op returns them.
 void attend(const AttentionShape& s, const AttentionVariant& variant, const SequenceSpans& spans, double scale,
             const Tensor& qd, const Tensor& kd, const Tensor& vd, Tensor& out_d, Tensor& lse_d) {
-  const std::vector<ScoreMod> mods = score_mods(variant, s);
+  const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
   const double* Q = qd.const_data_ptr<double>();
   const double* K = kd.const_data_ptr<double>();

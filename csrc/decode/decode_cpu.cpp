@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/attention_variant.h"
 #include "decode/decode_shape.h"
 #include "ops.h"
 
@@ -35,7 +36,8 @@ void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, c
 
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                            softmax_scale, causal, window_left, window_right, softcap, num_splits);
+                                            softmax_scale, causal, window_left, window_right, softcap, num_splits,
+                                            alibi_slopes);
   Tensor seqlens_t, table_t;
   const int32_t* seqlens = nullptr;
   const int32_t* table = nullptr;
@@ -63,12 +65,14 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   std::vector<double> scores;
   std::vector<const double*> v_rows;  // the visible keys' value rows
+  const std::vector<ScoreMod> mods = score_mods(softcap, alibi_slopes, s.batch, s.heads);
 
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t seqlen_k = (seqlens ? seqlens[b] : s.capacity) + s.seqlen_new;
     const int64_t diagonal = seqlen_k - s.seqlen_q;  // bottom-right alignment
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();
+      const ScoreMod& mod = mods[b * H + h];
       for (int64_t t = 0; t < s.seqlen_q; ++t) {
         const double* qt = Q + ((b * s.seqlen_q + t) * H + h) * D;
         scores.clear();
@@ -81,8 +85,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
           const int64_t row = ((page * slots + slot) * HK + hk) * D;
           double score = 0;
           for (int64_t d = 0; d < D; ++d) score += qt[d] * K[row + d];
-          score *= scale;
-          if (softcap > 0) score = softcap * std::tanh(score / softcap);
+          score = mod.score(score * scale, t, j, diagonal);
           scores.push_back(score);
           v_rows.push_back(V + row);
           row_max = std::max(row_max, score);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "attention/attention_variant.h"
 #include "common/kernel_choice.h"
 #include "decode/decode_shape.h"
 #include "ops.h"
@@ -72,7 +73,7 @@ void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const
 
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
-                                            causal, window_left, window_right, softcap, num_splits);
+                                            causal, window_left, window_right, softcap, num_splits, alibi_slopes);
   if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX) {
     fail(kOp, "the cache holds ", s.capacity, " keys per sequence; at most 2^31 - 1 are supported");
   }
@@ -115,9 +116,8 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
     part_out = torch::stable::new_empty(q, {splits, s.batch, s.seqlen_q, s.heads, s.head_dim}, ScalarType::Float);
     part_lse = torch::stable::new_empty(q, {splits, s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
   }
-  const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  // Scores are kept in the log2 domain. With a softcap the kernel computes
-  // softcap * log2(e) * tanh(q.k * scale / softcap); otherwise q.k * scale * log2(e).
+  // Scores are kept in the log2 domain (attention_variant.h's score_scales).
+  const ScoreScales scales = score_scales(resolve_softmax_scale(softmax_scale, s.head_dim), softcap);
   kernels::launch_attn_decode_split(split, split_grid, {
       .Q = q.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(),
       .BlockTable = c.table, .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
@@ -128,8 +128,9 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
       .stride_tb = c.stride_tb, .seqlen_q = s.seqlen_q, .num_heads = s.heads, .kv_group_size = s.group(),
       .head_dim = s.head_dim, .seqlen_new = s.seqlen_new, .capacity = s.capacity, .page_size = s.page_size,
       .num_splits = splits, .window_left = s.window_left, .window_right = s.window_right,
-      .qk_scale = softcap > 0 ? scale / softcap : scale * M_LOG2E,
-      .softcap_log2 = softcap > 0 ? softcap * M_LOG2E : 0.0});
+      .Alibi = alibi_slopes ? alibi_slopes->data_ptr() : lse.data_ptr(), .stride_alibib = alibi_stride_b(alibi_slopes),
+      .stride_alibih = alibi_stride_h(alibi_slopes), .use_alibi = alibi_slopes ? 1 : 0,
+      .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2});
   if (splits > 1) {
     kernels::launch_attn_decode_merge(merge, merge_grid, {
         .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),

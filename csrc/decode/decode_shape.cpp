@@ -1,5 +1,7 @@
 #include "decode/decode_shape.h"
 
+#include "attention/attention_variant.h"
+
 #include <cmath>
 
 namespace fattn {
@@ -125,7 +127,8 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
                                 const std::optional<Tensor>& k, const std::optional<Tensor>& v,
                                 const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& block_table,
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                int64_t window_right, double softcap, int64_t num_splits) {
+                                int64_t window_right, double softcap, int64_t num_splits,
+                                const std::optional<Tensor>& alibi_slopes) {
   DecodeShape s{};
   check_query(op, q, s);
   check_caches(op, q, k_cache, v_cache, s);
@@ -136,6 +139,7 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   if (!(softcap >= 0) || !std::isfinite(softcap)) {
     fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);
   }
+  if (alibi_slopes.has_value()) check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);
   if (num_splits < 0 || num_splits > kMaxDecodeSplits) {
     fail(op, "num_splits is ", num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
   }

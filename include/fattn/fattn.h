@@ -88,7 +88,8 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
 // so sequence b has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is NOT advanced:
 // the caller adds seqlen_new after the call. Masks are aligned bottom-right as in forward;
 // causal forces window_right = 0; window_left/right < 0 mean unbounded; softcap > 0 applies
-// softcap * tanh(score / softcap). num_splits: 0 picks the split-K count on CUDA, n forces it
+// softcap * tanh(score / softcap); alibi_slopes then adds -slope * |t + d - j| as in forward.
+// num_splits: 0 picks the split-K count on CUDA, n forces it
 // (same result within rounding); CPU ignores it. On CUDA an append past the capacity is not
 // checked (it needs the device values): it is dropped and the sequence clamped to capacity.
 inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::Tensor& k_cache,
@@ -100,13 +101,14 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
                                                  std::optional<double> softmax_scale = std::nullopt,
                                                  bool causal = false, int64_t window_left = -1,
                                                  int64_t window_right = -1, double softcap = 0.0,
-                                                 int64_t num_splits = 0) {
+                                                 int64_t num_splits = 0,
+                                                 const std::optional<at::Tensor>& alibi_slopes = std::nullopt) {
   detail::keep_library_linked();
   // Schema: decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None,
   //                Tensor? v=None, Tensor? cache_seqlens=None, Tensor? block_table=None,
   //                float? softmax_scale=None, bool causal=False, int window_left=-1,
-  //                int window_right=-1, float softcap=0.0, int num_splits=0)
-  //          -> (Tensor out, Tensor lse)
+  //                int window_right=-1, float softcap=0.0, int num_splits=0,
+  //                Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)
   // The mutable Tensor(a!) arguments are at::Tensor& in the typed signature, as in ATen's
   // generated operators. A const at::Tensor& is taken here so that views (cache slices) can
   // be passed; the handle is not reseated, only the storage it points to is written, the
@@ -121,10 +123,10 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
               const at::Tensor&, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t,
-              double, int64_t)>();
+              double, int64_t, const std::optional<at::Tensor>&)>();
   return op.call(q, const_cast<at::Tensor&>(k_cache), const_cast<at::Tensor&>(v_cache), k, v,
                  cache_seqlens, block_table, softmax_scale, causal, window_left, window_right,
-                 softcap, num_splits);
+                 softcap, num_splits, alibi_slopes);
 }
 
 }  // namespace fattn

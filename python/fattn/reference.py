@@ -59,7 +59,7 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
 
 def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
                       causal=False, window_size=(-1, -1), softcap=0.0, k=None, v=None,
-                      dtype=torch.float64):
+                      dtype=torch.float64, alibi_slopes=None):
     """(out, lse) of decoding over a KV cache (fattn.flash_attn_with_kvcache), computed in `dtype`.
 
     Plain PyTorch, one sequence at a time (their lengths differ). The caches are never modified:
@@ -68,7 +68,8 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     with `block_table` [batch, pages_per_seq]) are gathered page by page. Query t of sequence b sees
     key j < seqlen_k iff (right < 0 or j <= t + diag + right) and (left < 0 or j >= t + diag - left),
     diag = seqlen_k - seqlen_q, right forced to 0 by `causal`; softcap > 0 maps a score s to
-    softcap * tanh(s / softcap). Rows that see no key give out 0 and lse -inf. out is in q's dtype,
+    softcap * tanh(s / softcap), then ALiBi subtracts slope * |t + diag - j| (alibi_slopes [heads] or
+    [batch, heads]). Rows that see no key give out 0 and lse -inf. out is in q's dtype,
     lse float32 (float64 for float64 q) [batch, heads, seqlen_q].
     """
     out_dtype = q.dtype
@@ -120,6 +121,9 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         t = torch.arange(seqlen_q, device=q.device)[:, None]
         j = torch.arange(seqlen_k, device=q.device)[None, :]
         diag = seqlen_k - seqlen_q
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(dtype).expand(batch, heads)[b].reshape(kv_heads, group, 1, 1)
+            scores = scores - slopes * (t + diag - j).abs().to(dtype)
         visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
         if right >= 0:
             visible &= j <= t + diag + right

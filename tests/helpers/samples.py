@@ -144,6 +144,7 @@ DECODE_CASES = [
     ("transposed-paged16-append1-splits3", 16, "transposed", 1, [0, 30], dict(num_splits=3)),
     ("fused-paged16-append3-window-softcap-scale", 16, "fused", 3, [5, 33],
      dict(softmax_scale=0.3, causal=False, window=(6, 2), softcap=1.5)),
+    ("paged16-append2-alibi-softcap", 16, "contiguous", 2, [5, 33], dict(alibi="batch", softcap=2.0)),
     ("whole-cache", 16, "contiguous", 0, None, {}),
     ("empty-sequence-right-window", None, "contiguous", 0, [0, 2], dict(causal=False, window=(-1, 0))),
 ]
@@ -151,7 +152,7 @@ DECODE_CASES = [
 
 def decode_samples(device, dtype):
     """fattn::decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
-    window_left, window_right, softcap, num_splits); the caches are the sample's own."""
+    window_left, window_right, softcap, num_splits, alibi_slopes); the caches are the sample's own."""
     for name, page_size, layout, seqlen_new, lengths, options in DECODE_CASES:
         q = torch.randn(2, 3, 4, 16, dtype=dtype, device=device)
         cache = KVCache(2, 40, 2, 16, dtype, device, page_size=page_size, layout=layout)
@@ -160,7 +161,8 @@ def decode_samples(device, dtype):
         window = options.get("window", (-1, -1))
         yield Sample(name, (q, cache.k_cache, cache.v_cache, k, v, cache_seqlens, cache.block_table,
                             options.get("softmax_scale"), options.get("causal", True), window[0], window[1],
-                            options.get("softcap", 0.0), options.get("num_splits", 0)))
+                            options.get("softcap", 0.0), options.get("num_splits", 0),
+                            alibi_slopes(options.get("alibi"), 2, 4, device)))
 
 
 def merge_samples(device, dtype):

@@ -3,6 +3,8 @@
 // reproducible. One launch sequence serves both layouts (attention/kernel_layout.h).
 #include <torch/csrc/stable/ops.h>
 
+#include <cstdint>
+
 #include "attention/attention_variant.h"
 #include "attention/kernel_layout.h"
 #include "ops.h"
@@ -14,8 +16,12 @@ using kernels::attn_bwd_dkdv;
 using kernels::attn_bwd_dq;
 using kernels::attn_bwd_preprocess;
 
+// lse and dlse as the kernels read them: contiguous float32 on a 16-byte aligned base. Their
+// strides carry no promise (seqlen_q or total_q need not be a multiple of 8), so a contiguous
+// tensor is used as it is.
 Tensor float32_contiguous(const Tensor& t) {
-  return aligned_for_kernel(torch::stable::contiguous(torch::stable::to(t, ScalarType::Float)));
+  Tensor c = torch::stable::contiguous(torch::stable::to(t, ScalarType::Float));
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : torch::stable::clone(c);
 }
 
 std::tuple<Tensor, Tensor, Tensor> launch_backward(

@@ -24,9 +24,21 @@ def test_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_func) == FLASH_ATTN_PARAMS
     assert _positional(fattn.flash_attn_qkvpacked_func) == ["qkv"] + FLASH_ATTN_PARAMS[3:]
     assert _positional(fattn.flash_attn_kvpacked_func) == ["q", "kv"] + FLASH_ATTN_PARAMS[3:]
-    extras = [p.name for p in inspect.signature(fattn.flash_attn_func).parameters.values()
-              if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert extras == ["return_lse"]
+    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids"]
+
+
+def _keyword_only(fn):
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def test_varlen_positional_order_is_flash_attn_s():
+    varlen = ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
+    assert _positional(fattn.flash_attn_varlen_func) == FLASH_ATTN_PARAMS[:3] + varlen + FLASH_ATTN_PARAMS[3:] + [
+        "block_table"]
+    assert _positional(fattn.flash_attn_varlen_qkvpacked_func) == ["qkv", "cu_seqlens", "max_seqlen"] + \
+        FLASH_ATTN_PARAMS[3:]
+    assert _positional(fattn.flash_attn_varlen_kvpacked_func) == ["q", "kv"] + varlen + FLASH_ATTN_PARAMS[3:]
+    assert _keyword_only(fattn.flash_attn_varlen_func) == ["seqused_k", "return_lse"]
 
 
 def test_a_call_ported_from_flash_attn_means_the_same():

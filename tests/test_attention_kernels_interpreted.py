@@ -9,36 +9,25 @@ each program's sequence span, tiles past a short sequence's end, lse in [heads, 
 seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py); and
 segment ids, which mask every tile."""
 
-import json
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_interpreted
 
 SCRIPT = Path(__file__).with_name("interpret_attention_kernels.py")
 CASES = [
     "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
     "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
-    "segments-causal", "segments-window-softcap-sq-below-sk", "varlen-gqa2", "varlen-causal-q-and-k-differ", "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
+    "segments-causal", "segments-window-softcap-sq-below-sk", "varlen-gqa2", "varlen-causal-q-and-k-differ",
+    "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
 ]
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton", reason="the Triton interpreter needs triton (a build requirement)")
-    numpy = pytest.importorskip("numpy")
-    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 3):
-        pytest.skip(f"Triton 3.6's interpreter fails with numpy {numpy.__version__} (it needs numpy < 2.3)")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    seed = str(random.randrange(1 << 30))  # fresh inputs every run; the seed is in the failure message
-    run = subprocess.run([sys.executable, str(SCRIPT), seed], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, f"seed {seed}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return seed, {r["case"]: r for r in rows}
+    return run_interpreted(SCRIPT, timeout=900)
 
 
 def test_every_case_ran(interpreted):

@@ -5,30 +5,18 @@ CI has no GPU, so this is where the split-K chunking, the page mapping, the appe
 window and softcap masks, ALiBi and the merge of the Triton source are checked before the device
 runs the compiled cubins (test_decode_gpu.py)."""
 
-import json
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_interpreted
 
 SCRIPT = Path(__file__).with_name("interpret_decode_kernels.py")
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton", reason="the Triton interpreter needs triton (a build requirement)")
-    numpy = pytest.importorskip("numpy")
-    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 3):
-        pytest.skip(f"Triton 3.6's interpreter fails with numpy {numpy.__version__} (it needs numpy < 2.3)")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    seed = str(random.randrange(1 << 30))  # fresh inputs every run; the seed is in the failure message
-    run = subprocess.run([sys.executable, str(SCRIPT), seed], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"seed {seed}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return seed, {r["case"]: r for r in rows}
+    return run_interpreted(SCRIPT, timeout=600)
 
 
 def test_every_case_ran(interpreted):

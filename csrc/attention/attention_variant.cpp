@@ -29,6 +29,12 @@ void check_alibi_slopes(const char* op, const Tensor& a, const Tensor& q, int64_
   check_same_device(op, "alibi_slopes", a, "q", q);
 }
 
+void check_softcap(const char* op, double softcap) {
+  if (!(softcap >= 0) || !std::isfinite(softcap)) {
+    fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);
+  }
+}
+
 ScoreScales score_scales(double scale, double softcap) {
   if (softcap > 0) return {scale / softcap, softcap * M_LOG2E};
   return {scale * M_LOG2E, 0.0};
@@ -41,13 +47,10 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
                                          const std::optional<Tensor>& kv_segment_ids) {
   if (window_left < -1) fail(op, "window_left is ", window_left, "; expected -1 (unbounded) or >= 0");
   if (window_right < -1) fail(op, "window_right is ", window_right, "; expected -1 (unbounded) or >= 0");
-  if (!(softcap >= 0) || !std::isfinite(softcap)) {
-    fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);
-  }
+  check_softcap(op, softcap);
   AttentionVariant variant;
-  auto bound = [&](int64_t w) { return w < 0 || w >= s.seqlen_k + s.seqlen_q ? int64_t{-1} : w; };
-  variant.window_left = bound(window_left);
-  variant.window_right = causal ? 0 : bound(window_right);
+  variant.window_left = bounded_window(window_left, s.seqlen_k + s.seqlen_q);
+  variant.window_right = causal ? 0 : bounded_window(window_right, s.seqlen_k + s.seqlen_q);
   variant.softcap = softcap;
   if (alibi_slopes.has_value()) {
     check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);

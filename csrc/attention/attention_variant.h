@@ -68,6 +68,12 @@ struct ScoreScales {
 };
 ScoreScales score_scales(double softmax_scale, double softcap);
 
+// softcap: finite and >= 0 (0 disables it).
+void check_softcap(const char* op, double softcap);
+// A window side as the kernels take it: -1 when it is unbounded or hides nothing (at least
+// `keys` wide, e.g. seqlen_k + seqlen_q), which also keeps it within 32 bits.
+inline int64_t bounded_window(int64_t w, int64_t keys) { return w < 0 || w >= keys ? int64_t{-1} : w; }
+
 // ALiBi slopes: float32 [heads] or [batch, heads] on q's device.
 void check_alibi_slopes(const char* op, const Tensor& slopes, const Tensor& q, int64_t batch, int64_t heads);
 

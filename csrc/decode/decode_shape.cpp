@@ -136,18 +136,15 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   check_new_tokens(op, q, k, v, cache_seqlens, s);
   if (k.has_value()) check_writable_caches(op, k_cache, v_cache);
   check_softmax_scale(op, softmax_scale);
-  if (!(softcap >= 0) || !std::isfinite(softcap)) {
-    fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);
-  }
+  check_softcap(op, softcap);
   if (alibi_slopes.has_value()) check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);
   if (num_splits < 0 || num_splits > kMaxDecodeSplits) {
     fail(op, "num_splits is ", num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
   }
   // A window side of capacity + seqlen_q keys or more hides nothing: it is stored as
   // unbounded, which also keeps it within the kernels' 32-bit bounds.
-  auto bound = [&](int64_t w) { return w < 0 || w >= s.capacity + s.seqlen_q ? int64_t{-1} : w; };
-  s.window_left = bound(window_left);
-  s.window_right = causal ? 0 : bound(window_right);
+  s.window_left = bounded_window(window_left, s.capacity + s.seqlen_q);
+  s.window_right = causal ? 0 : bounded_window(window_right, s.capacity + s.seqlen_q);
   return s;
 }
 

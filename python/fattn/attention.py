@@ -176,25 +176,32 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
 
 
-class _EagerAttention(torch.autograd.Function):
-    """The same forward/backward pair for eager calls: torch's generic wrapper around a
-    registered autograd costs about 150 us of Python per training step at tiny shapes (H100,
-    benchmarks/profile_host.py), a plain autograd.Function a fraction of that."""
+def eager_autograd(fn: str, forward_op, setup_context, backward):
+    """A plain autograd.Function over `forward_op` and its registered setup_context/backward, for
+    eager calls: torch's generic wrapper around a registered autograd costs about 150 us of Python
+    per training step at tiny shapes (H100, benchmarks/profile_host.py), this a fraction of that.
+    `fn` names the public function in the second-order error."""
 
-    @staticmethod
-    def forward(ctx, *args):
-        with _below_autograd():
-            output = _forward_op(*args)
-        _setup_context(ctx, args, output)
-        return output
+    class EagerAutograd(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            with _below_autograd():
+                output = forward_op(*args)
+            setup_context(ctx, args, output)
+            return output
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        if torch.is_grad_enabled():  # create_graph=True: the caller wants to differentiate again
-            raise RuntimeError("fattn.flash_attn_func: second-order gradients are not supported (the backward "
-                               "is not differentiable, so they would come out as 0); call backward/grad "
-                               "without create_graph=True")
-        return _backward(ctx, dout, dlse)
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            if torch.is_grad_enabled():  # create_graph=True: the caller wants to differentiate again
+                raise RuntimeError(f"fattn.{fn}: second-order gradients are not supported (the backward is not "
+                                   "differentiable, so they would come out as 0); call backward/grad without "
+                                   "create_graph=True")
+            return backward(ctx, dout, dlse)
+
+    return EagerAutograd
+
+
+_EagerAttention = eager_autograd("flash_attn_func", _forward_op, _setup_context, _backward)
 
 
 # ---------------------------------------------------------------- fakes

@@ -3,14 +3,13 @@ Inference only: fattn::decode has no autograd."""
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from ._checks import (
     check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_index_tensor,
-    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, fail, lse_dtype, shape_of,
-    window_pair,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_softcap, fail, lse_dtype,
+    shape_of, window_pair,
 )
 from ._library import load_library
 
@@ -184,8 +183,7 @@ def check_caches_can_take_the_append(k_cache, v_cache):
 
 def _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes):
     check_finite(_OP, "softmax_scale", softmax_scale)
-    if isinstance(softcap, (int, float)) and not (softcap >= 0 and math.isfinite(softcap)):
-        fail(_OP, "softcap must be a finite number >= 0 (0 disables it), got ", f"{softcap:g}")
+    check_softcap(_OP, softcap)
     check_alibi_slopes(_OP, alibi_slopes, q, q.shape[0], q.shape[2])
     if num_splits < 0 or num_splits > MAX_SPLITS:
         fail(_OP, "num_splits is ", num_splits, f"; expected 0 (automatic) or 1 to {MAX_SPLITS}")

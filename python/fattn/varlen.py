@@ -15,7 +15,9 @@ from torch.autograd.function import once_differentiable
 from . import _head_dim
 from ._checks import check_finite, check_index_tensor, fail, lse_dtype, shape_of, window_pair
 from ._library import load_library
-from .attention import AttentionShape, check_attention_variant, check_backward_inputs, check_dropout, check_qkv
+from .attention import (
+    AttentionShape, check_attention_variant, check_backward_inputs, check_dropout, check_qkv, eager_autograd,
+)
 
 load_library()
 _forward_op = torch.ops.fattn.varlen_forward.default
@@ -126,23 +128,7 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("fattn::varlen_forward", _backward, setup_context=_setup_context)
 
 
-class _EagerVarlen(torch.autograd.Function):
-    """The same pair for eager calls, without register_autograd's Python wrapper cost."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        with _below_autograd():
-            output = _forward_op(*args)
-        _setup_context(ctx, args, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        if torch.is_grad_enabled():
-            raise RuntimeError("fattn.flash_attn_varlen_func: second-order gradients are not supported (the "
-                               "backward is not differentiable, so they would come out as 0); call backward/grad "
-                               "without create_graph=True")
-        return _backward(ctx, dout, dlse)
+_EagerVarlen = eager_autograd("flash_attn_varlen_func", _forward_op, _setup_context, _backward)
 
 
 # ---------------------------------------------------------------- fakes

@@ -5,7 +5,8 @@ common: devices, random q/k/v, the contract's lse dtype, the accuracy rules;
 kvcache: KV caches in every layout and decode's accuracy rule;
 samples: one sample_inputs generator per op, and running an op on fake tensors;
 library: the stable-ABI contract of a built libfattn.so;
-compile: telling a recompile from a first compile under torch.compile.
+compile: telling a recompile from a first compile under torch.compile;
+interpreter: running a kernel script under Triton's interpreter.
 """
 
 from .common import (
@@ -13,6 +14,7 @@ from .common import (
     poison_allocator, requires_gpu,
 )
 from .compile import recompiles_forbidden
+from .interpreter import run_interpreted
 from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, references, run_decode, seqlens_tensor
 from .library import check_stable_abi
 from .samples import (
@@ -26,7 +28,8 @@ __all__ = [
     "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
-    "poison_allocator", "recompiles_forbidden", "reference_variant", "references", "requires_gpu", "run_decode",
+    "poison_allocator", "recompiles_forbidden", "run_interpreted", "reference_variant", "references", "requires_gpu",
+    "run_decode",
     "seqlens_tensor", "VARLEN_BACKWARD", "VARLEN_CASES", "VARLEN_FORWARD", "varlen_backward_samples",
     "varlen_forward_samples", "varlen_inputs",
 ]

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .common import (
-    LOG2E, alibi_slope_log2, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span,
+    LOG2E, alibi_slope_log2, edge_tile_start, edge_tiles_stop, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span,
     visible_key_range, visible_query_range,
 )
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
@@ -87,14 +87,24 @@ def _lse_log2(Lse, row_base, rows, seqlen_q):
 def _dkdv_query_tiles(
     dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
     stride_qs, stride_dos, offs_n, offs_d,
-    start, stop, seqlen_q, seqlen_k, head_dim, diagonal, window_left, window_right,
+    lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg_base, kv_seg, use_segments,
     BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
-    """Adds the query rows [start, stop) of one head to this key tile's dK, dV (transposed math:
-    the key tile is the M side of every product). kv_seg: the tile's keys' segment ids."""
+    """Adds query rows of one head to this key tile's dK, dV (transposed math: the key tile is
+    the M side of every product): the rows that see the whole tile, [full_lo, full_hi), or,
+    MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop. kv_seg: the tile's
+    keys' segment ids."""
     offs_m = tl.arange(0, BLOCK_M)
-    for start_m in range(start, stop, BLOCK_M):
+    if MASKED:
+        start, stop = lo, edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK_M)
+    else:
+        start, stop = full_lo, full_hi
+    for tile in range(start, stop, BLOCK_M):
+        if MASKED:
+            start_m = edge_tile_start(tile, full_lo, full_hi)
+        else:
+            start_m = tile
         rows = start_m + offs_m
         q = _load_rows(q_base, rows, stride_qs, offs_d, seqlen_q, head_dim, PAD_D)
         do = _load_rows(do_base, rows, stride_dos, offs_d, seqlen_q, head_dim, PAD_D)
@@ -170,18 +180,14 @@ def attn_bwd_dkdv(
         do_base = DO + batch * stride_dob + head * stride_doh
         row_base = batch * stride_lseb + head * stride_lseh + q_start
         alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
-        # The rows at the window's right edge, those that see the whole tile, the left edge.
+        # The rows that see the whole tile without a mask, then the window's two edges with it.
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
-                                   offs_n, offs_d, lo, full_lo, seqlen_q, seqlen_k, head_dim, diagonal,
-                                   window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, True, SCORE_MOD)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
-                                   offs_n, offs_d, full_lo, full_hi, seqlen_q, seqlen_k, head_dim, diagonal,
-                                   window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                                   offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
+                                   diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
                                    q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, False, SCORE_MOD)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
-                                   offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k, head_dim, diagonal,
-                                   window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                                   offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
+                                   diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
                                    q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, True, SCORE_MOD)
 
     dk *= softmax_scale
@@ -194,12 +200,22 @@ def attn_bwd_dkdv(
 @triton.jit
 def _dq_key_tiles(
     dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
-    offs_m, offs_d, start, stop, seqlen_k, head_dim, diagonal, window_left, window_right,
+    offs_m, offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
     BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
+    """Adds key tiles to this query tile's dQ: the fully visible [full_lo, full_hi), or,
+    MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, stop, BLOCK_N):
+    if MASKED:
+        start, stop = lo, edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK_N)
+    else:
+        start, stop = full_lo, full_hi
+    for tile in range(start, stop, BLOCK_N):
+        if MASKED:
+            start_n = edge_tile_start(tile, full_lo, full_hi)
+        else:
+            start_n = tile
         cols = start_n + offs_n
         k = _load_rows(k_base, cols, stride_ks, offs_d, seqlen_k, head_dim, PAD_D)
         v = _load_rows(v_base, cols, stride_vs, offs_d, seqlen_k, head_dim, PAD_D)
@@ -269,15 +285,13 @@ def attn_bwd_dq(
     full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
+    # The fully visible key tiles without a mask, then the window's two edges with it.
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
-                       seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                       q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, full_lo,
-                       full_hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+                       full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
                        alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, False, SCORE_MOD)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, full_hi, hi,
-                       seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                       q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
+                       full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+                       alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 

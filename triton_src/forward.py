@@ -14,10 +14,10 @@ rows [cu_seqlens[b], cu_seqlens[b + 1]) (batch stride 0; the grid covers the lon
 sequence and tiles past a shorter one's end do nothing). Strides are int64 so tensors past
 2**31 elements work.
 
-Masking (causal, sliding window) is split in three loops, as in the Triton tutorial
+Masking (causal, sliding window) is split in two loops, as in the Triton tutorial
 but with a window on both sides: key tiles that are entirely visible to every row of
 the query tile run without any mask, and only the tiles at the window's two edges and
-at the end of the keys pay for it. Tiles outside the window are never visited, so time
+at the end of the keys (one loop that jumps from the left edge to the right) pay for it. Tiles outside the window are never visited, so time
 grows with the window, not the sequence.
 
 SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .common import (
-    alibi_slope_log2, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, softmax_finish,
+    alibi_slope_log2, edge_tile_start, edge_tiles_stop, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, softmax_finish,
     softmax_step, visible_key_range,
 )
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
@@ -40,18 +40,27 @@ def _attend_key_tiles(
     acc, l_i, m_i, q,
     k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
     offs_m, offs_n, offs_d,
-    start, stop, seqlen_k, head_dim, diagonal, window_left, window_right,
+    lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
     BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
-    """Folds key tiles [start, stop) into the running softmax state.
+    """Folds key tiles into the running softmax state: the fully visible [full_lo, full_hi),
+    or, MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop.
 
     `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
     key_visible (window, causal, end of the keys) and the segment ids (q_seg per row against
     the keys' ids at kv_seg_base); the others are visible to every row.
     """
     d_in_range = offs_d < head_dim
-    for start_n in range(start, stop, BLOCK_N):
+    if MASKED:
+        start, stop = lo, edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK_N)
+    else:
+        start, stop = full_lo, full_hi
+    for tile in range(start, stop, BLOCK_N):
+        if MASKED:
+            start_n = edge_tile_start(tile, full_lo, full_hi)
+        else:
+            start_n = tile
         cols = start_n + offs_n
         k_ptrs = k_tile_ptrs + tl.cast(start_n, tl.int64) * stride_ks
         v_ptrs = v_tile_ptrs + tl.cast(start_n, tl.int64) * stride_vs
@@ -153,19 +162,16 @@ def attn_fwd(
     full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
-    # The window's left edge, the fully visible middle, the right edge and the end of the keys.
+    # The fully visible middle without a mask, then the window's two edges (and the end of
+    # the keys) with it.
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
-        lo, full_lo, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-        q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
-    acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
-        full_lo, full_hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+        lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
         alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, False, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
-        full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-        q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
+        lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+        alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
 
     # Rows that saw no key (outside every window, or causal with seqlen_q > seqlen_k) give
     # out 0 and lse -inf.

@@ -195,6 +195,18 @@ class Results:
             if (r["impl"] in ours if ours else r["impl"].startswith("fattn")) and r["ms"]:
                 r["ratio_vs"] = {peer: r["ms"] / ms for peer, ms in peer_ms.items()}
 
+    def require_timings(self, keys) -> None:
+        """Exits non-zero if some case (rows grouped by `keys`, plus impl) has no timed row,
+        naming it and its first error: a search that measured nothing must not pass for a result."""
+        failed = []
+        for key in dict.fromkeys(tuple(r.get(k) for k in (*keys, "impl")) for r in self.rows):
+            rows = [r for r in self.rows if tuple(r.get(k) for k in (*keys, "impl")) == key]
+            if not any(r["ms"] for r in rows):
+                failed.append(f"{dict(zip((*keys, 'impl'), key))}: {rows[0]['error']}")
+        if failed:
+            raise SystemExit(f"{self.benchmark}: no candidate ran for {len(failed)} case(s):\n  "
+                             + "\n  ".join(failed))
+
     def write(self, path: Path | None) -> None:
         if path is None:
             return

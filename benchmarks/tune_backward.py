@@ -24,7 +24,6 @@ DKDV = [(32, 128, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3), (64, 
         (64, 128, 4, 2), (32, 128, 8, 3)]
 DQ = [(128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2),
       (128, 64, 4, 2)]
-LOG2E = 1.4426950408889634
 
 
 def problem(b, s, h, d, causal, device, dtype):
@@ -45,37 +44,14 @@ def problem(b, s, h, d, causal, device, dtype):
     return inputs, want
 
 
-def backward_args(inputs, grads, causal):
-    """Runtime arguments of ATTN_BWD_DKDV (grads DK, DV) or ATTN_BWD_DQ (grads DQ), by name."""
-    from triton_src.spec import tensor_strides  # after load_kernels: the JIT or the interpreter
-
-    q, k = inputs["Q"], inputs["K"]
-    b, s, h, d = q.shape
-    scale = 1 / math.sqrt(d)
-    tensors = {**inputs, **grads}
-    strides = {}
-    for name, tag in (("Q", "q"), ("K", "k"), ("V", "v"), ("DO", "do"), ("DK", "dk"), ("DV", "dv"), ("DQ", "dq")):
-        if name in tensors:
-            strides.update(tensor_strides(tag, tensors[name]))
-    return {**tensors, **strides, "seqlen_q": s, "seqlen_k": k.shape[1], "num_heads": h,
-            "kv_group_size": h // k.shape[2], "head_dim": d, "qk_scale": scale * LOG2E, "softmax_scale": scale,
-            "BLOCK_D": d, "CAUSAL": causal, "PAD_D": False}
-
-
 def run(spec, inputs, causal, cfg):
     """The kernel's gradients: (dk, dv) for attn_bwd_dkdv, (dq,) for attn_bwd_dq."""
-    bm, bn, warps, stages = cfg
-    q, k = inputs["Q"], inputs["K"]
-    b, s, h, _ = q.shape
+    from triton_src.python_launch import Tiles, Variant, backward_dkdv, backward_dq  # after load_kernels
+
+    q, k, v, dout, lse, delta = (inputs[name] for name in ("Q", "K", "V", "DO", "Lse", "Delta"))
     if spec.name == "attn_bwd_dkdv":
-        grads = {"DK": torch.empty_like(k), "DV": torch.empty_like(inputs["V"])}
-        grid = (-(-k.shape[1] // bn), k.shape[2], b)
-    else:
-        grads = {"DQ": torch.empty_like(q)}
-        grid = (-(-s // bm), h, b)
-    spec.launch(grid, num_warps=warps, num_stages=stages, BLOCK_M=bm, BLOCK_N=bn,
-                **backward_args(inputs, grads, causal))
-    return tuple(grads.values())
+        return backward_dkdv(q, k, v, dout, lse, delta, Tiles(*cfg), Variant(causal=causal))
+    return (backward_dq(q, k, v, dout, lse, delta, Tiles(*cfg), Variant(causal=causal)),)
 
 
 def rel_err(got, want):
@@ -141,6 +117,7 @@ def main(argv=None):
                    f"{r['ms']:.3f}"] for r in ranked[:3]]
     print_table(["kernel", "d", "causal", "BM", "BN", "warps", "stages", "ms"], lines,
                 title=f"\nfastest backward configs at seqlen {s} (top 3 per kernel, head dim and mask)")
+    results.require_timings(["head_dim", "causal"])
 
 
 if __name__ == "__main__":

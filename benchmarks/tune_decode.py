@@ -14,7 +14,6 @@ float64 reference. On a CPU the inputs are float32 and the timing is wall clock.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -28,46 +27,15 @@ CONFIGS = [(64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3)]
 SPLITS = [8, 12, 16, 24, 32, 48]
 HQ, HK, D = 32, 8, 128
 BLOCK_M, BLOCK_S = 16, 16  # the row tile and the merge's chunk, as aot_build/configs.json ships them
-LOG2E = 1.4426950408889634
 
 
-def split_args(q, k_cache, v_cache, seqlens, table, parts, out, lse, capacity, page_size, splits):
-    """ATTN_DECODE_SPLIT's runtime arguments and its tile-independent constexprs, by name."""
-    from triton_src.spec import tensor_strides  # after load_kernels: the JIT or the interpreter
-
-    b, sq, h, d = q.shape
-    paged = table is not None
-    return {"Q": q, "KCache": k_cache, "VCache": v_cache, "CacheSeqlens": seqlens,
-            "BlockTable": table if paged else seqlens,  # any int32 tensor: not read unless PAGED
-            "PartOut": parts[0], "PartLse": parts[1], "Out": out, "Lse": lse,
-            **tensor_strides("q", q), **tensor_strides("k", k_cache), **tensor_strides("v", v_cache),
-            **(tensor_strides("t", table, "b") if paged else {"stride_tb": 0}),
-            "seqlen_q": sq, "num_heads": h, "kv_group_size": h // k_cache.shape[2], "head_dim": d, "seqlen_new": 0,
-            "capacity": capacity, "page_size": page_size, "num_splits": splits, "window_left": -1,
-            "window_right": -1, "qk_scale": LOG2E / math.sqrt(d), "softcap_log2": 0.0,
-            "BLOCK_M": BLOCK_M, "BLOCK_D": d, "PAGED": paged, "PAD_D": False}
-
-
-def decode(kernels, q, k_cache, v_cache, seqlens, table, splits, cfg):
+def decode(q, k_cache, v_cache, seqlens, table, splits, cfg):
     """One decode step as the library's op launches it: split-K, then the merge of the splits."""
+    from triton_src.python_launch import DecodeTiles, decode  # after load_kernels: the JIT or the interpreter
+
     block_n, warps, stages = cfg
-    b, sq, h, d = q.shape
-    out = torch.empty_like(q)
-    lse = torch.empty(b, h, sq, device=q.device, dtype=torch.float32)
-    parts = (torch.empty(splits, b, sq, h, d, device=q.device, dtype=torch.float32),
-             torch.empty(splits, b, h, sq, device=q.device, dtype=torch.float32))
-    page_size = k_cache.shape[1]
-    capacity = table.shape[1] * page_size if table is not None else page_size
-    row_tiles = -(-sq * (h // k_cache.shape[2]) // BLOCK_M)
-    kernels["attn_decode_split"].launch(
-        (splits, k_cache.shape[2] * row_tiles, b), num_warps=warps, num_stages=stages, BLOCK_N=block_n,
-        **split_args(q, k_cache, v_cache, seqlens, table, parts, out, lse, capacity, page_size, splits))
-    if splits > 1:
-        kernels["attn_decode_merge"].launch(
-            (sq, h, b), num_warps=4, num_stages=1, PartOut=parts[0], PartLse=parts[1], Out=out, Lse=lse,
-            num_rows=b * sq * h, num_splits=splits, seqlen_q=sq, num_heads=h, head_dim=d,
-            BLOCK_S=BLOCK_S, BLOCK_D=d, PAD_D=False)
-    return out
+    tiles = DecodeTiles(block_m=BLOCK_M, block_n=block_n, block_s=BLOCK_S, num_warps=warps, num_stages=stages)
+    return decode(q, k_cache, v_cache, seqlens, table, splits, tiles)[0]
 
 
 def parse_args(argv=None):
@@ -91,7 +59,7 @@ def parse_args(argv=None):
     return args
 
 
-def tune_case(kernels, results, args, b, ctx):
+def tune_case(results, args, b, ctx):
     nbytes = 2 * b * ctx * HK * D * 2
     copies = args.copies or max(1, min(8, (512 << 20) // nbytes))
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -106,8 +74,8 @@ def tune_case(kernels, results, args, b, ctx):
             for splits in args.split_list:
                 def call(i, cfg=cfg, splits=splits, paged=paged):
                     if paged:
-                        return decode(kernels, q, *pools[i][0], seqlens, pools[i][1], splits, cfg)
-                    return decode(kernels, q, *kvs[i], seqlens, None, splits, cfg)
+                        return decode(q, *pools[i][0], seqlens, pools[i][1], splits, cfg)
+                    return decode(q, *kvs[i], seqlens, None, splits, cfg)
                 ms = None
                 try:
                     err = (call(0).double() - want).abs().max().item()
@@ -126,11 +94,11 @@ def tune_case(kernels, results, args, b, ctx):
 def main(argv=None):
     args = parse_args(argv)
     require_device(args.device, "tune_decode")
-    kernels = load_kernels(args.device)
+    load_kernels(args.device)  # the JIT, or the interpreter on a CPU
     results = Results.start("tune_decode", args, args.device)
     for case in args.cases.split(","):
         b, ctx = map(int, case.split("x"))
-        tune_case(kernels, results, args, b, ctx)
+        tune_case(results, args, b, ctx)
         results.write(args.out)
         if args.device == "cuda":
             torch.cuda.empty_cache()
@@ -142,6 +110,7 @@ def main(argv=None):
                    f"{r['ms'] * 1e3:.1f}", f"{r['gb_s']:.0f}"] for r in ranked[:5]]
     print_table(["batch", "context", "paged", "BN", "warps", "stages", "splits", "us", "GB/s"], lines,
                 title="\nfastest decode configs (top 5 per case)")
+    results.require_timings(["batch", "context", "paged"])
 
 
 if __name__ == "__main__":

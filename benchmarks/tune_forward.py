@@ -14,7 +14,6 @@ best per head dim and mask. On a CPU the inputs are float32 (the interpreter run
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -26,28 +25,12 @@ from common import Results, int_list, load_kernels, print_table, require_device,
 
 CANDIDATES = [(128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
               (64, 64, 4, 3), (128, 32, 4, 3), (128, 128, 4, 2), (64, 128, 4, 3), (256, 64, 8, 2)]
-LOG2E = 1.4426950408889634
 
 
-def forward_args(q, k, v, out, lse, causal):
-    """ATTN_FWD's runtime arguments and the constexprs that do not depend on the tile, by name."""
-    from triton_src.spec import tensor_strides  # after load_kernels: the JIT or the interpreter
+def run(q, k, v, causal, cfg):
+    from triton_src.python_launch import Tiles, Variant, forward  # after load_kernels: the JIT or the interpreter
 
-    b, s, h, d = q.shape
-    return {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse,
-            **tensor_strides("q", q), **tensor_strides("k", k), **tensor_strides("v", v), **tensor_strides("o", out),
-            "seqlen_q": s, "seqlen_k": k.shape[1], "num_heads": h, "kv_group_size": h // k.shape[2],
-            "head_dim": d, "qk_scale": LOG2E / math.sqrt(d), "BLOCK_D": d, "CAUSAL": causal, "PAD_D": False}
-
-
-def run(spec, q, k, v, causal, cfg):
-    bm, bn, warps, stages = cfg
-    b, s, h, _ = q.shape
-    out = torch.empty_like(q)
-    lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
-    spec.launch((-(-s // bm), h, b), num_warps=warps, num_stages=stages, BLOCK_M=bm, BLOCK_N=bn,
-                **forward_args(q, k, v, out, lse, causal))
-    return out
+    return forward(q, k, v, Tiles(*cfg), Variant(causal=causal))[0]
 
 
 def parse_args(argv=None):
@@ -76,10 +59,10 @@ def tune_case(spec, results, args, d, causal, s):
     for cfg in args.candidates:
         ms = None
         try:
-            err = (run(spec, q, k, v, causal, cfg).float() - want.float()).abs().max().item()
+            err = (run(q, k, v, causal, cfg).float() - want.float()).abs().max().item()
             error = None if err < 0.05 else f"WRONG (max err {err:.3g})"
             if error is None:
-                ms = time_ms(lambda: run(spec, q, k, v, causal, cfg), warmup=3, reps=args.reps, device=args.device)
+                ms = time_ms(lambda: run(q, k, v, causal, cfg), warmup=3, reps=args.reps, device=args.device)
         except Exception as e:  # noqa: BLE001  (a config that does not fit or compile)
             error = short_error(e, 300)
         if error:
@@ -114,6 +97,7 @@ def main(argv=None):
                 tune_case(spec, results, args, d, causal, s)
                 results.write(args.out)
     print_ranking(results, int_list(args.seqlens))
+    results.require_timings(["head_dim", "causal", "seqlen"])
 
 
 if __name__ == "__main__":

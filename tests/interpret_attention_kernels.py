@@ -5,16 +5,14 @@ TRITON_INTERPRET when the kernels are decorated.
 
 Dense cases compare with fattn::forward/backward, packed (varlen) cases, random sequence
 lengths with and without seqused_k, with fattn::varlen_forward/varlen_backward. The
-launches mirror csrc/attention/forward_cuda.cpp and backward_cuda.cpp, through the
-kernels' specs (triton_src/spec.py), which take every argument by name as the C++ launchers
-do; the score encoding (qk_scale, softcap_log2) is attention_variant.cpp's kernel_scores.
+launches are triton_src/python_launch.py's, which mirror csrc/attention/forward_cuda.cpp and
+backward_cuda.cpp through the kernels' specs.
 Prints one JSON line per case with the largest errors of out, lse, dq, dk and dv.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -24,87 +22,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 import fattn  # noqa: E402,F401  (loads the library: the CPU ops are the reference)
 
-from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS  # noqa: E402
-from triton_src.forward import ATTN_FWD  # noqa: E402
-from triton_src.spec import tensor_strides  # noqa: E402
+from triton_src.python_launch import (  # noqa: E402
+    Packing, Tiles, Variant, backward_dkdv, backward_dq, backward_preprocess, forward,
+)
 
 # Small tiles, so that every case crosses several key and query tiles: the window's masked
-# edges, the unmasked middle and the skipped tiles all occur.
-BLOCK_M, BLOCK_N = 16, 16
-LAUNCH = dict(num_warps=4, num_stages=1)  # the interpreter runs a program as one thread
-LOG2E = math.log2(math.e)
-
-
-def variant_args(q, batch, causal, window, softcap, alibi, segments=None):
-    head_dim = q.shape[-1]
-    scale = 1 / math.sqrt(head_dim)
-    left, right = window
-    slopes = alibi if alibi is not None else torch.zeros(1)
-    unused = torch.zeros(1, dtype=torch.int32)
-    q_seg, kv_seg = segments if segments is not None else (unused, unused)
-    return dict(
-        QSegmentIds=q_seg, KvSegmentIds=kv_seg, stride_qsegb=q_seg.stride(0), stride_kvsegb=kv_seg.stride(0),
-        use_segments=int(segments is not None),
-        window_left=left, window_right=0 if causal else right,
-        Alibi=slopes, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0,
-        stride_alibih=slopes.stride(-1), use_alibi=int(alibi is not None),
-        qk_scale=scale / softcap if softcap > 0 else scale * LOG2E,
-        softcap_log2=softcap * LOG2E if softcap > 0 else 0.0), scale
-
-
-def rows(tag, t):
-    """row_strides of csrc/attention/kernel_layout.h: a packed [total, heads, dim] tensor has batch stride 0."""
-    if t.dim() == 4:
-        return tensor_strides(tag, t)
-    return {f"stride_{tag}b": 0, f"stride_{tag}s": t.stride(0), f"stride_{tag}h": t.stride(1)}
+# edges, the unmasked middle and the skipped tiles all occur. One stage: the
+# interpreter runs a program as one thread.
+TILES = Tiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
 def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None):
-    """packing: None (dense) or (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)."""
-    heads, head_dim = q.shape[-2], q.shape[-1]
-    kv_heads = k.shape[-2]
-    if packing is None:
-        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        lse = torch.full((batch, heads, seqlen_q), float("nan"))
-        unused = torch.zeros(1, dtype=torch.int32)
-        layout = dict(stride_lseb=lse.stride(0), stride_lseh=lse.stride(1), CuSeqlensQ=unused, CuSeqlensK=unused,
-                      SequsedK=unused, use_cu_seqlens=0, use_seqused_k=0)
-        out = torch.full_like(q, float("nan"))
-    else:
-        cu_q, cu_k, used, seqlen_q, seqlen_k = packing
-        batch = cu_q.numel() - 1
-        lse = torch.zeros(heads, q.shape[0])  # packed rows outside every sequence stay 0, as the op leaves them
-        layout = dict(stride_lseb=0, stride_lseh=lse.stride(0), CuSeqlensQ=cu_q, CuSeqlensK=cu_k,
-                      SequsedK=used if used is not None else cu_k, use_cu_seqlens=1,
-                      use_seqused_k=int(used is not None))
-        out = torch.zeros_like(q)
-    block_d = triton.next_power_of_2(head_dim)
-    shape = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, kv_group_size=heads // kv_heads, head_dim=head_dim)
-    variant, scale = variant_args(q, batch, causal, window, softcap, alibi, segments)
-    tiles = dict(BLOCK_D=block_d, PAD_D=block_d != head_dim, SCORE_MOD=softcap > 0 or alibi is not None)
-    qkv = dict(Q=q, K=k, V=v, **rows("q", q), **rows("k", k), **rows("v", v))
-
-    ATTN_FWD.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, **tiles, BLOCK_M=BLOCK_M,
-                    BLOCK_N=BLOCK_N, **qkv, Out=out, Lse=lse, **rows("o", out), **layout, **shape, **variant)
-
-    delta = torch.full_like(lse, float("nan"))
-    ATTN_BWD_PREPROCESS.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, BLOCK_M=BLOCK_M,
-                               BLOCK_D=block_d, PAD_D=block_d != head_dim, HAS_DLSE=True, Out=out, DO=dout,
-                               DLse=dlse, Delta=delta, **rows("o", out), **rows("do", dout),
-                               stride_lseb=layout["stride_lseb"], stride_lseh=layout["stride_lseh"],
-                               CuSeqlensQ=layout["CuSeqlensQ"], use_cu_seqlens=layout["use_cu_seqlens"],
-                               seqlen_q=seqlen_q, head_dim=head_dim)
-    # Packed gradients start zeroed, as the op allocates them (rows past seqused_k are not written).
-    dq, dk, dv = ((torch.zeros_like if packing else lambda t: torch.full_like(t, float("nan")))(t) for t in (q, k, v))
-    grads = dict(**qkv, DO=dout, Lse=lse, Delta=delta, **rows("do", dout), **layout, **shape, **variant,
-                 softmax_scale=scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **tiles)
-    ATTN_BWD_DKDV.launch((triton.cdiv(seqlen_k, BLOCK_N), kv_heads, batch), **LAUNCH, **grads, DK=dk, DV=dv,
-                         **rows("dk", dk), **rows("dv", dv))
-    ATTN_BWD_DQ.launch((triton.cdiv(seqlen_q, BLOCK_M), heads, batch), **LAUNCH, **grads, DQ=dq, **rows("dq", dq))
+    """(out, lse, dq, dk, dv) from the kernels; packing: None (dense) or a Packing."""
+    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, segments=segments)
+    out, lse = forward(q, k, v, TILES, variant, packing)
+    delta = backward_preprocess(out, dout, lse, dlse, TILES, packing)
+    dk, dv = backward_dkdv(q, k, v, dout, lse, delta, TILES, variant, packing)
+    dq = backward_dq(q, k, v, dout, lse, delta, TILES, variant, packing)
     return out, lse, dq, dk, dv
 
 
@@ -188,7 +125,7 @@ def run_packed_case(name, batch, heads, kv_heads, head_dim, causal, window, soft
     dlse = torch.randn(heads, q.shape[0]).masked_fill(~finite, 0)
     want = torch.ops.fattn.varlen_backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
                                            dlse.double(), *varlen, *options)
-    got = launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=(cu_q, cu_k, used, max_q, max_k))
+    got = launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=Packing(cu_q, cu_k, max_q, max_k, used))
     return compare(name, got, want_out, want_lse, want)
 
 

@@ -2,17 +2,14 @@
 and compares them with fattn's CPU decode op. Invoked by test_decode_kernels_interpreted.py in a
 fresh process, because Triton reads TRITON_INTERPRET when the kernels are decorated.
 
-The launches mirror csrc/ops/decode_cuda.cpp: kv_append when there are new tokens, then
-attn_decode_split, then attn_decode_merge when there is more than one split. They go through
-the kernels' specs (triton_src/spec.py), which take every argument by name, as the C++
-launchers do. Prints one JSON line per case:
+The launches are triton_src/python_launch.py's decode, which mirrors csrc/ops/decode_cuda.cpp
+through the kernels' specs. Prints one JSON line per case:
 {"case": ..., "out_err": ..., "lse_err": ..., "lse_pattern": ..., "cache_ok": ...}.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -22,57 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 import fattn  # noqa: E402,F401  (loads the library: the CPU op is the reference)
 
-from triton_src.decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND  # noqa: E402
-from triton_src.spec import tensor_strides  # noqa: E402
+from triton_src.python_launch import DecodeTiles, Variant, decode  # noqa: E402
 
-BLOCK_M, BLOCK_N, BLOCK_S = 16, 16, 4  # small tiles: several key tiles, row tiles and merge chunks
-# The interpreter runs each program as one thread: warps and stages cannot change a result.
-LAUNCH = dict(num_warps=4, num_stages=1)
+# Small tiles: several key tiles, row tiles and merge chunks. The interpreter runs each
+# program as one thread: warps and stages cannot change a result.
+TILES = DecodeTiles(block_m=16, block_n=16, block_s=4, num_warps=4, num_stages=1)
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
            alibi=None):
-    batch, seqlen_q, heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    block_d = triton.next_power_of_2(head_dim)
-    paged = block_table is not None
-    page_size = k_cache.shape[1]
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    seqlen_new = 0 if k_new is None else k_new.shape[1]
-    cache = dict(KCache=k_cache, VCache=v_cache, CacheSeqlens=cache_seqlens,
-                 BlockTable=block_table if paged else cache_seqlens,  # any int32 tensor: never read when not paged
-                 stride_tb=block_table.stride(0) if paged else 0, page_size=page_size, capacity=capacity,
-                 **tensor_strides("k", k_cache), **tensor_strides("v", v_cache))
-    tiles = dict(BLOCK_D=block_d, PAD_D=block_d != head_dim)
-    if seqlen_new:
-        KV_APPEND.launch((seqlen_new, kv_heads, batch), **LAUNCH, **cache, **tiles, PAGED=paged,
-                         KNew=k_new, VNew=v_new, head_dim=head_dim,
-                         **tensor_strides("nk", k_new), **tensor_strides("nv", v_new))
-    row_tiles = math.ceil(seqlen_q * (heads // kv_heads) / BLOCK_M)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((batch, heads, seqlen_q), float("nan"))
-    part_out = torch.full((splits, batch, seqlen_q, heads, head_dim), float("nan"))
-    part_lse = torch.full((splits, batch, heads, seqlen_q), float("nan"))
-    scale = 1 / math.sqrt(head_dim)
-    ATTN_DECODE_SPLIT.launch(
-        (splits, kv_heads * row_tiles, batch), **LAUNCH, **cache, **tiles, PAGED=paged, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, Q=q, PartOut=part_out, PartLse=part_lse, Out=out, Lse=lse, **tensor_strides("q", q),
-        seqlen_q=seqlen_q, num_heads=heads, kv_group_size=heads // kv_heads, head_dim=head_dim,
-        seqlen_new=seqlen_new, num_splits=splits, window_left=window[0], window_right=0 if causal else window[1],
-        Alibi=alibi if alibi is not None else lse, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2
-        else 0, stride_alibih=alibi.stride(-1) if alibi is not None else 0, use_alibi=int(alibi is not None),
-        qk_scale=scale / softcap if softcap > 0 else scale * math.log2(math.e),
-        softcap_log2=softcap * math.log2(math.e) if softcap > 0 else 0.0)
-    if splits > 1:
-        ATTN_DECODE_MERGE.launch(
-            (seqlen_q, heads, batch), **LAUNCH, **tiles, BLOCK_S=BLOCK_S, PartOut=part_out, PartLse=part_lse,
-            Out=out, Lse=lse, num_rows=batch * seqlen_q * heads, num_splits=splits, seqlen_q=seqlen_q,
-            num_heads=heads, head_dim=head_dim)
-    return out, lse
+    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi)
+    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, TILES, variant, k_new, v_new)
 
 
 CASES = [

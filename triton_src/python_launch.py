@@ -1,0 +1,228 @@
+"""Launches the attention kernels from Python, through their specs (spec.py), with the
+arguments csrc/attention/forward_cuda.cpp and backward_cuda.cpp pass: for Triton's interpreter
+(tests/interpret_attention_kernels.py) and the JIT tile searches (benchmarks/tune_*.py).
+
+The score encoding (qk_scale, softcap_log2) is csrc/attention/attention_variant.cpp's
+kernel_scores; the strides are csrc/attention/kernel_layout.h's row_strides and lse_strides.
+Tile sizes and launch options are arguments, since choosing them is what the searches do.
+
+Import this module after TRITON_INTERPRET is set (or not): Triton picks the interpreter when
+the kernels are decorated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
+from .forward import ATTN_FWD
+from .spec import tensor_strides
+
+LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The attention variant, with flash-attn's meanings. alibi: float32 (heads) or (batch, heads);
+    segments: (q_segment_ids, kv_segment_ids), int32 [batch, seqlen] (dense layout only)."""
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: torch.Tensor | None = None
+    segments: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def args(self, head_dim: int, device) -> tuple[dict, float]:
+        """(the kernels' variant arguments by name, the softmax scale)."""
+        scale = 1 / math.sqrt(head_dim)
+        left, right = self.window
+        alibi = self.alibi
+        slopes = alibi if alibi is not None else torch.zeros(1, device=device)
+        unused = torch.zeros(1, dtype=torch.int32, device=device)
+        q_seg, kv_seg = self.segments if self.segments is not None else (unused, unused)
+        return dict(
+            QSegmentIds=q_seg, KvSegmentIds=kv_seg, stride_qsegb=q_seg.stride(0), stride_kvsegb=kv_seg.stride(0),
+            use_segments=int(self.segments is not None),
+            window_left=left, window_right=0 if self.causal else right,
+            Alibi=slopes, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0,
+            stride_alibih=slopes.stride(-1), use_alibi=int(alibi is not None),
+            qk_scale=scale / self.softcap if self.softcap > 0 else scale * LOG2E,
+            softcap_log2=self.softcap * LOG2E if self.softcap > 0 else 0.0), scale
+
+    @property
+    def score_mod(self) -> bool:
+        return self.softcap > 0 or self.alibi is not None
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Packed (varlen) sequences: rows [cu_q[b], cu_q[b + 1]) of q, likewise k; seqused_k optional."""
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    seqused_k: torch.Tensor | None = None
+
+
+def rows(tag: str, t: torch.Tensor) -> dict:
+    """Row strides: a packed [total, heads, dim] tensor has batch stride 0."""
+    if t.dim() == 4:
+        return tensor_strides(tag, t)
+    return {f"stride_{tag}b": 0, f"stride_{tag}s": t.stride(0), f"stride_{tag}h": t.stride(1)}
+
+
+def _problem(q, k, packing):
+    """(batch, seqlen_q, seqlen_k, lse shape, layout arguments)."""
+    if packing is None:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        unused = torch.zeros(1, dtype=torch.int32, device=q.device)
+        lse_shape = (batch, q.shape[2], seqlen_q)
+        layout = dict(stride_lseb=q.shape[2] * seqlen_q, stride_lseh=seqlen_q, CuSeqlensQ=unused,
+                      CuSeqlensK=unused, SequsedK=unused, use_cu_seqlens=0, use_seqused_k=0)
+        return batch, seqlen_q, seqlen_k, lse_shape, layout
+    used = packing.seqused_k
+    layout = dict(stride_lseb=0, stride_lseh=q.shape[0], CuSeqlensQ=packing.cu_seqlens_q,
+                  CuSeqlensK=packing.cu_seqlens_k, SequsedK=used if used is not None else packing.cu_seqlens_k,
+                  use_cu_seqlens=1, use_seqused_k=int(used is not None))
+    return (packing.cu_seqlens_q.numel() - 1, packing.max_seqlen_q, packing.max_seqlen_k, (q.shape[1], q.shape[0]),
+            layout)
+
+
+def _shape(q, k, seqlen_q, seqlen_k):
+    head_dim = q.shape[-1]
+    block_d = triton.next_power_of_2(head_dim)
+    return (dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, kv_group_size=q.shape[-2] // k.shape[-2], head_dim=head_dim),
+            dict(BLOCK_D=block_d, PAD_D=block_d != head_dim))
+
+
+def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packing | None = None):
+    """(out, lse) of attn_fwd. Dense outputs start as NaN (every element must be written); packed
+    ones as zeros, as the op allocates them (rows outside every sequence are not written)."""
+    batch, seqlen_q, seqlen_k, lse_shape, layout = _problem(q, k, packing)
+    dense = packing is None
+    lse = torch.full(lse_shape, float("nan") if dense else 0.0, device=q.device)
+    out = torch.full_like(q, float("nan")) if dense else torch.zeros_like(q)
+    shape, head = _shape(q, k, seqlen_q, seqlen_k)
+    variant_args, _ = variant.args(q.shape[-1], q.device)
+    ATTN_FWD.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
+                    num_stages=tiles.num_stages, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                    SCORE_MOD=variant.score_mod, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
+                    **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,
+                    **variant_args)
+    return out, lse
+
+
+def backward_preprocess(out, dout, lse, dlse, tiles: Tiles, packing: Packing | None = None):
+    """delta = rowsum(dout * out) - dlse, in the lse's layout (dlse may be None)."""
+    batch, seqlen_q, _, _, layout = _problem(out, out, packing)
+    head_dim = out.shape[-1]
+    block_d = triton.next_power_of_2(head_dim)
+    delta = torch.full_like(lse, float("nan"))
+    ATTN_BWD_PREPROCESS.launch((triton.cdiv(seqlen_q, tiles.block_m), out.shape[-2], batch),
+                               num_warps=tiles.num_warps, num_stages=tiles.num_stages, BLOCK_M=tiles.block_m,
+                               BLOCK_D=block_d, PAD_D=block_d != head_dim, HAS_DLSE=dlse is not None, Out=out,
+                               DO=dout, DLse=dlse if dlse is not None else lse, Delta=delta, **rows("o", out),
+                               **rows("do", dout), stride_lseb=layout["stride_lseb"],
+                               stride_lseh=layout["stride_lseh"], CuSeqlensQ=layout["CuSeqlensQ"],
+                               use_cu_seqlens=layout["use_cu_seqlens"], seqlen_q=seqlen_q, head_dim=head_dim)
+    return delta
+
+
+def _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles):
+    batch, seqlen_q, seqlen_k, _, layout = _problem(q, k, packing)
+    shape, head = _shape(q, k, seqlen_q, seqlen_k)
+    variant_args, scale = variant.args(q.shape[-1], q.device)
+    args = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, Delta=delta, **rows("q", q), **rows("k", k), **rows("v", v),
+                **rows("do", dout), **layout, **shape, **variant_args, softmax_scale=scale, BLOCK_M=tiles.block_m,
+                BLOCK_N=tiles.block_n, SCORE_MOD=variant.score_mod, **head)
+    return batch, seqlen_q, seqlen_k, args
+
+
+def _new_gradient(t, packing):
+    # Packed gradients start zeroed, as the op allocates them (rows past seqused_k are not written).
+    return torch.zeros_like(t) if packing is not None else torch.full_like(t, float("nan"))
+
+
+def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
+                  packing: Packing | None = None):
+    """(dk, dv) of attn_bwd_dkdv."""
+    batch, _, seqlen_k, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
+    dk, dv = _new_gradient(k, packing), _new_gradient(v, packing)
+    ATTN_BWD_DKDV.launch((triton.cdiv(seqlen_k, tiles.block_n), k.shape[-2], batch), num_warps=tiles.num_warps,
+                         num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv))
+    return dk, dv
+
+
+def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
+                packing: Packing | None = None):
+    """dq of attn_bwd_dq."""
+    batch, seqlen_q, _, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
+    dq = _new_gradient(q, packing)
+    ATTN_BWD_DQ.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
+                       num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq))
+    return dq
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """attn_decode_split's row and key tiles and launch options; the merge's chunk of splits."""
+    block_m: int
+    block_n: int
+    block_s: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: DecodeTiles,
+           variant: Variant = Variant(), k_new=None, v_new=None):
+    """(out, lse) of one decode step as csrc/ops/decode_cuda.cpp runs it: kv_append when there
+    are new tokens (written into the cache in place), attn_decode_split, then attn_decode_merge
+    when there is more than one split. Outputs and partials start as NaN."""
+    from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND
+
+    batch, seqlen_q, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    paged = block_table is not None
+    page_size = k_cache.shape[1]
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    seqlen_new = 0 if k_new is None else k_new.shape[1]
+    launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    cache = dict(KCache=k_cache, VCache=v_cache, CacheSeqlens=cache_seqlens,
+                 BlockTable=block_table if paged else cache_seqlens,  # any int32 tensor: never read when not paged
+                 stride_tb=block_table.stride(0) if paged else 0, page_size=page_size, capacity=capacity,
+                 **tensor_strides("k", k_cache), **tensor_strides("v", v_cache))
+    _, head = _shape(q, k_cache, seqlen_q, capacity)
+    if seqlen_new:
+        KV_APPEND.launch((seqlen_new, kv_heads, batch), **launch, **cache, **head, PAGED=paged,
+                         KNew=k_new, VNew=v_new, head_dim=head_dim,
+                         **tensor_strides("nk", k_new), **tensor_strides("nv", v_new))
+    row_tiles = triton.cdiv(seqlen_q * (heads // kv_heads), tiles.block_m)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((batch, heads, seqlen_q), float("nan"), device=q.device)
+    part_out = torch.full((splits, batch, seqlen_q, heads, head_dim), float("nan"), device=q.device)
+    part_lse = torch.full((splits, batch, heads, seqlen_q), float("nan"), device=q.device)
+    variant_args, _ = variant.args(head_dim, q.device)
+    scores = {name: variant_args[name] for name in ("window_left", "window_right", "Alibi", "stride_alibib",
+                                                     "stride_alibih", "use_alibi", "qk_scale", "softcap_log2")}
+    ATTN_DECODE_SPLIT.launch(
+        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n, Q=q, PartOut=part_out, PartLse=part_lse, Out=out, Lse=lse, **tensor_strides("q", q),
+        seqlen_q=seqlen_q, num_heads=heads, kv_group_size=heads // kv_heads, head_dim=head_dim,
+        seqlen_new=seqlen_new, num_splits=splits, **scores)
+    if splits > 1:
+        ATTN_DECODE_MERGE.launch(
+            (seqlen_q, heads, batch), num_warps=4, num_stages=1, **head, BLOCK_S=tiles.block_s, PartOut=part_out,
+            PartLse=part_lse, Out=out, Lse=lse, num_rows=batch * seqlen_q * heads, num_splits=splits,
+            seqlen_q=seqlen_q, num_heads=heads, head_dim=head_dim)
+    return out, lse

@@ -29,7 +29,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     failures = []
-    for causal in (False, True):
+    # (causal, window_size, softcap): chunks are 256 rows, so these windows cross shards.
+    for causal, window, softcap in ((False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (300, -1), 0.0),
+                                    (False, (100, 400), 30.0)):
         for sharding in ("zigzag", "contiguous"):
             g = torch.Generator(device="cuda").manual_seed(1234)
             b, n, h, hk, d = 2, 512 * world, 8, 2, 128
@@ -38,10 +40,11 @@ def main():
             v = torch.randn(b, n, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
             w_out = torch.randn(b, n, h, d, device="cuda", dtype=torch.float64, generator=g)
             w_lse = torch.randn(b, h, n, device="cuda", dtype=torch.float64, generator=g)
-            ref = grads(lambda q, k, v: attention_reference(q, k, v, None, causal), q.double(), k.double(), v.double(),
-                        w_out, w_lse)
-            low = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.bfloat16), q, k, v,
-                        w_out, w_lse)
+            variant = dict(window_size=window, softcap=softcap)
+            ref = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, **variant), q.double(), k.double(),
+                        v.double(), w_out, w_lse)
+            low = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.bfloat16, **variant),
+                        q, k, v, w_out, w_lse)
             sh = lambda t, dim=1: ring.shard(t, world, rank, sharding, dim)  # noqa: E731
             ops_before = []
             original = ring._Ring.exchange
@@ -52,14 +55,15 @@ def main():
 
             ring._Ring.exchange = counting
             got = grads(lambda q, k, v: fattn.ring_flash_attn_func(q, k, v, causal=causal, return_lse=True,
-                                                                  sharding=sharding),
+                                                                  sharding=sharding, **variant),
                         sh(q), sh(k), sh(v), sh(w_out), sh(w_lse, 2))
             ring._Ring.exchange = original
             # Forward: k and v, sent and received, at every step but the last. Backward: the
             # same for k and v, plus dk and dv sent and received at every step.
             expected = 4 * (world - 1) + 4 * (world - 1) + 4 * world
+            what = f"{sharding} causal={causal} window={window} softcap={softcap}"
             if sum(ops_before) != expected:
-                failures.append(f"{sharding} causal={causal}: {sum(ops_before)} P2P ops, designed {expected}")
+                failures.append(f"{what}: {sum(ops_before)} P2P ops, designed {expected}")
             names = ("out", "lse", "dq", "dk", "dv")
             dims = (1, 2, 1, 1, 1)
             for name, dim, gv, rv, lv in zip(names, dims, got, ref, low):
@@ -69,10 +73,9 @@ def main():
                 base = (lv - rv)[finite].abs().max().item()
                 bound = 2 * base + 1e-5 if name != "lse" else 1e-3
                 status = "ok" if err <= bound else "FAIL"
-                print(f"rank {rank}/{world} {sharding:10s} causal={causal!s:5s} {name}: err {err:.2e} "
-                      f"(torch bf16 {base:.2e}) {status}", flush=True)
+                print(f"rank {rank}/{world} {what} {name}: err {err:.2e} (torch bf16 {base:.2e}) {status}", flush=True)
                 if status == "FAIL":
-                    failures.append(f"{sharding} causal={causal} {name}: {err:.3e} > {bound:.3e}")
+                    failures.append(f"{what} {name}: {err:.3e} > {bound:.3e}")
     dist.destroy_process_group()
     if failures:
         print(f"rank {rank} FAILURES:", *failures, sep="\n  ")

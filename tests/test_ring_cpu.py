@@ -26,21 +26,28 @@ def _full_problem(seed=0):
     return q, k, v, w_out, w_lse
 
 
+# (causal, window_size, softcap): windows shorter and longer than a chunk (24 / (2 * world)
+# rows), one-sided and two-sided, so that pieces are cut on both sides of the diagonal.
+RING_VARIANTS = [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (4, -1), 0.0), (False, (2, 7), 1.5),
+                 (False, (-1, 3), 0.0)]
+
+
 def _check_rank(rank, world):
     q, k, v, w_out, w_lse = _full_problem()
-    for causal in (False, True):
+    for causal, window, softcap in RING_VARIANTS:
         for sharding in ("zigzag", "contiguous"):
             # Single-process truth, with gradients of out and lse.
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            ref_out, ref_lse = attention_reference(*leaves, None, causal)
+            ref_out, ref_lse = attention_reference(*leaves, None, causal, window_size=window, softcap=softcap)
             ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
             ref_grads = [t.grad for t in leaves]
 
             local = [shard(t, world, rank, sharding).clone().requires_grad_() for t in (q, k, v)]
-            out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding)
+            out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding,
+                                                  window_size=window, softcap=softcap)
             loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
             loss.backward()
-            what = f"rank {rank}/{world} causal={causal} {sharding}"
+            what = f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} {sharding}"
             tol = 1e-10 * world  # float64: rounding grows with the number of merged steps
             torch.testing.assert_close(out, shard(ref_out, world, rank, sharding), atol=tol, rtol=tol, msg=what)
             torch.testing.assert_close(lse, shard(ref_lse, world, rank, sharding, dim=2), atol=tol, rtol=tol, msg=what)
@@ -61,8 +68,10 @@ def _check_bad_input(rank, world):
         fattn.ring_flash_attn_func(*mixed, causal=True)
     with pytest.raises(ValueError, match=r"local length must be even"):
         fattn.ring_flash_attn_func(*(t[:, :-1] for t in local), causal=True)
-    with pytest.raises(NotImplementedError, match=r"window_size"):
-        fattn.ring_flash_attn_func(*local, window_size=(8, 0))
+    with pytest.raises(RuntimeError, match=r"window_left is -2"):
+        fattn.ring_flash_attn_func(*local, window_size=(-2, 0))
+    with pytest.raises(RuntimeError, match=r"softcap"):
+        fattn.ring_flash_attn_func(*local, softcap=-1.0)
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):
@@ -110,10 +119,11 @@ def test_shard_unshard_round_trip(sharding):
 
 @pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_simulate_matches_full_attention(world, causal, sharding):
+@pytest.mark.parametrize("window", [(-1, -1), (0, 0), (1, 1), (3, 0), (2, 9), (-1, 5), (7, -1), (30, 30)])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_simulate_matches_full_attention(world, window, causal, sharding):
     q, k, v, _, _ = _full_problem(seed=world)
-    out, lse = simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True)
-    want_out, want_lse = attention_reference(q, k, v, None, causal)
+    out, lse = simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True, window_size=window)
+    want_out, want_lse = attention_reference(q, k, v, None, causal, window_size=window)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._checks import lse_dtype, window_pair
+from ._checks import check_softcap, check_window, lse_dtype, window_pair
 from ._library import load_library
 from .merge import merge_attention_states
 
@@ -79,31 +79,71 @@ def _check_sharding(sharding: str) -> None:
 # ---------------------------------------------------------------- the schedule
 
 @dataclass(frozen=True)
-class _Step:
-    """What a rank computes against the K/V block of `source`: q rows x kv rows, causal or not."""
+class _Piece:
+    """One kernel call of a step: local q rows against rows of the K/V block at hand, with the
+    window (flash-attn's (left, right), -1 unbounded, bottom-right aligned) that makes the
+    call's local positions show exactly the keys the global positions see."""
     q_rows: slice
     kv_rows: slice
-    causal: bool
+    window_left: int = -1
+    window_right: int = -1
 
 
-def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, sharding: str) -> _Step | None:
+def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, sharding: str,
+          window: tuple[int, int] = (-1, -1)) -> list[_Piece]:
+    """The pieces `rank` computes against the K/V block that `source` started with."""
+    window = (window[0], 0) if causal else window
+    if window not in ((-1, -1), (-1, 0)):
+        return _window_plan(rank, source, world, local_len, sharding, window)
     everything = slice(0, local_len)
-    if not causal:
-        return _Step(everything, everything, False)
+    if window == (-1, -1):
+        return [_Piece(everything, everything)]
     if source == rank:
         # Own block: the local positions are in sequence order in both layouts, so
         # causal attention over the local concatenation is exact.
-        return _Step(everything, everything, True)
+        return [_Piece(everything, everything, -1, 0)]
     half = local_len // 2
     if sharding == "contiguous":
         # Earlier ranks' keys are all visible; later ranks' keys none.
-        return _Step(everything, everything, False) if source < rank else None
+        return [_Piece(everything, everything)] if source < rank else []
     if source < rank:
         # Chunk `source` precedes both local chunks; chunk 2w-1-source follows both.
-        return _Step(everything, slice(0, half), False)
+        return [_Piece(everything, slice(0, half))]
     # Both chunks of a later source lie between the local chunks: only the second
     # local chunk (2w-1-rank) sees them.
-    return _Step(slice(half, local_len), everything, False)
+    return [_Piece(slice(half, local_len), everything)]
+
+
+def _window_plan(rank, source, world, local_len, sharding, window) -> list[_Piece]:
+    """A sliding window across shards, one piece per (q chunk, K/V chunk) pair that shares a
+    visible position. Both chunks are `size` rows long; with the q chunk `d` positions after
+    the K/V chunk, query i sees key j iff d - left <= j - i <= d + right. The kernel's window
+    only bounds j - i by -left <= j - i <= right with left, right >= 0 (or unbounded), so a
+    pair whose band lies wholly right (or left) of j = i is cut down to the rows and keys that
+    can meet, which moves the band back onto the diagonal."""
+    size = local_len // 2
+    left, right = window
+    pieces = []
+    for q_half, q_chunk in enumerate(_chunks_of_rank(rank, world, sharding)):
+        for kv_half, kv_chunk in enumerate(_chunks_of_rank(source, world, sharding)):
+            d = (q_chunk - kv_chunk) * size
+            # The band of j - i, None where unbounded; bounds past the chunk bound nothing.
+            lo = d - left if left >= 0 and d - left > -size else None
+            hi = d + right if right >= 0 and d + right < size else None
+            if (lo is not None and lo >= size) or (hi is not None and hi <= -size) or \
+                    (lo is not None and hi is not None and lo > hi):
+                continue
+            rows, keys = (0, size), (0, size)
+            if lo is not None and lo > 0:  # rows [0, size - lo) meet keys [lo, size)
+                rows, keys = (0, size - lo), (lo, size)
+                lo, hi = 0, None if hi is None else hi - keys[0]
+            elif hi is not None and hi < 0:  # rows [-hi, size) meet keys [0, size + hi)
+                rows, keys = (-hi, size), (0, size + hi)
+                lo, hi = None if lo is None else lo + rows[0], 0
+            q_off, kv_off = q_half * size, kv_half * size
+            pieces.append(_Piece(slice(q_off + rows[0], q_off + rows[1]), slice(kv_off + keys[0], kv_off + keys[1]),
+                                 -1 if lo is None else -lo, -1 if hi is None else hi))
+    return pieces
 
 
 # ---------------------------------------------------------------- communication
@@ -154,20 +194,22 @@ def _new_accumulator(q):
     return out, lse
 
 
-def _forward_step(acc, q, k, v, step: _Step | None, softmax_scale):
-    if step is None:
-        return
-    part_out, part_lse = _forward_op(
-        q[:, step.q_rows], k[:, step.kv_rows], v[:, step.kv_rows], softmax_scale, step.causal, False)
-    _accumulate(acc[0], acc[1], step.q_rows, part_out, part_lse)
+def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap):
+    for piece in pieces:
+        part_out, part_lse = _forward_op(
+            q[:, piece.q_rows], k[:, piece.kv_rows], v[:, piece.kv_rows], softmax_scale, False, False,
+            piece.window_left, piece.window_right, softcap)
+        _accumulate(acc[0], acc[1], piece.q_rows, part_out, part_lse)
 
 
-def _ring_forward(q, k, v, ring: _Ring, causal, softmax_scale, sharding):
+def _ring_forward(q, k, v, ring: _Ring, settings):
+    causal, softmax_scale, sharding, window, softcap = settings
     acc = _new_accumulator(q)
     for i in range(ring.world):
         pending = ring.exchange([k, v]) if i < ring.world - 1 else None
         source = (ring.rank - i) % ring.world
-        _forward_step(acc, q, k, v, _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding), softmax_scale)
+        pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
+        _forward_step(acc, q, k, v, pieces, softmax_scale, softcap)
         if pending:
             _wait(pending[1])
             k, v = pending[0]
@@ -175,21 +217,22 @@ def _ring_forward(q, k, v, ring: _Ring, causal, softmax_scale, sharding):
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
-def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, causal, softmax_scale, sharding, deterministic):
+def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, deterministic):
+    causal, softmax_scale, sharding, window, softcap = settings
     acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     dq = torch.zeros_like(q, dtype=acc_dtype)
     dkv_pending = None
     for i in range(ring.world):
         kv_pending = ring.exchange([k, v]) if i < ring.world - 1 else None
         source = (ring.rank - i) % ring.world
-        step = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding)
         dk = torch.zeros_like(k, dtype=acc_dtype)
         dv = torch.zeros_like(v, dtype=acc_dtype)
-        if step is not None:
-            r, c = step.q_rows, step.kv_rows
+        for piece in _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window):
+            r, c = piece.q_rows, piece.kv_rows
             dq_p, dk_p, dv_p = _backward_op(
                 dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
-                None if dlse is None else dlse[:, :, r], softmax_scale, step.causal, deterministic)
+                None if dlse is None else dlse[:, :, r], softmax_scale, False, deterministic,
+                piece.window_left, piece.window_right, softcap)
             dq[:, r] += dq_p
             dk[:, c] += dk_p
             dv[:, c] += dv_p
@@ -210,29 +253,28 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, causal, softmax_s
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, softmax_scale, sharding, deterministic):
-        ring = _Ring(group)
-        out, lse = _ring_forward(q, k, v, ring, causal, softmax_scale, sharding)
+    def forward(ctx, q, k, v, group, settings, deterministic):
+        out, lse = _ring_forward(q, k, v, _Ring(group), settings)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.settings = (group, causal, softmax_scale, sharding, deterministic)
+        ctx.settings = (group, settings, deterministic)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        group, causal, softmax_scale, sharding, deterministic = ctx.settings
+        group, settings, deterministic = ctx.settings
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _ring_backward(dout.contiguous(), dlse, q, k, v, out, lse, _Ring(group), causal,
-                                    softmax_scale, sharding, deterministic)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _ring_backward(dout.contiguous(), dlse, q, k, v, out, lse, _Ring(group), settings,
+                                    deterministic)
+        return dq, dk, dv, None, None, None
 
 
-def _check_inputs(q, k, v, group, sharding, window_size):
+def _check_inputs(q, k, v, group, sharding, window_size, softcap):
     _check_sharding(sharding)
-    if window_pair("ring_flash_attn_func", window_size) != (-1, -1):
-        raise NotImplementedError("fattn.ring_flash_attn_func: window_size is not supported yet "
-                                  "(the kernels have no sliding-window mask); pass (-1, -1)")
+    left, right = window_pair("ring_flash_attn_func", window_size)
+    check_window("fattn.ring_flash_attn_func", left, right)
+    check_softcap("fattn.ring_flash_attn_func", softcap)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"fattn.ring_flash_attn_func: {name} must be [batch, seqlen/world, heads, head_dim], "
@@ -262,20 +304,24 @@ def _check_inputs(q, k, v, group, sharding, window_size):
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
-                         deterministic=False, return_lse=False, sharding="zigzag"):
+                         deterministic=False, return_lse=False, sharding="zigzag", *, softcap=0.0):
     """Attention of this rank's q shard over the whole sequence held by `group`.
 
     q, k, v: this rank's shard, [batch, seqlen / world, heads, head_dim] (GQA allowed),
     laid out by `sharding` ("zigzag" or "contiguous"; see `shard`). Returns this rank's
     out shard (and its lse, float32 [batch, heads, seqlen / world], differentiable).
-    Works with NCCL (one process per GPU, e.g. under torchrun) and gloo (CPU tensors).
+    window_size and softcap mean what they mean in flash_attn_func, over the global positions
+    (the window crosses shards). Works with NCCL (one process per GPU, e.g. under torchrun)
+    and gloo (CPU tensors).
     """
-    _check_inputs(q, k, v, group, sharding, window_size)
-    out, lse = _RingAttention.apply(q, k, v, group, causal, softmax_scale, sharding, deterministic)
+    _check_inputs(q, k, v, group, sharding, window_size, softcap)
+    settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap))
+    out, lse = _RingAttention.apply(q, k, v, group, settings, deterministic)
     return (out, lse) if return_lse else out
 
 
-def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zigzag", return_lse=False):
+def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zigzag", return_lse=False, *,
+             window_size=(-1, -1), softcap=0.0):
     """The forward ring schedule for `world` virtual ranks, run in one process on one device.
 
     Takes the full sequences, shards them, runs every rank's steps in ring order (the
@@ -292,8 +338,8 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
     for i in range(world):
         for r in range(world):
             source = (r - i) % world
-            step = _plan(r, source, world, qs[r].shape[1], causal, sharding)
-            _forward_step(accs[r], qs[r], ks[source], vs[source], step, softmax_scale)
+            pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size))
+            _forward_step(accs[r], qs[r], ks[source], vs[source], pieces, softmax_scale, softcap)
     out = unshard([a[0].to(q.dtype) for a in accs], sharding)
     lse = unshard([a[1] for a in accs], sharding, dim=2)
     return (out, lse.to(lse_dtype(q.dtype))) if return_lse else out

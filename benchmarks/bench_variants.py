@@ -11,20 +11,28 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
 - score_mod: at --mod-seqlen tokens, plain attention, softcap 30, ALiBi, and both, each also
   causal; fattn's rows carry ratio_vs against fattn's plain run of the same shape
   ("fattn-plain") and against Flex with the same modification.
+- varlen: a causal batch of --varlen-batch random lengths in 1..--varlen-max-seqlen (seeded),
+  packed for flash_attn_varlen_func, against the padded equivalent: every sequence padded to
+  the longest, run by fattn's dense call and by SDPA's flash and cuDNN backends (no padding
+  mask: what a dense kernel computes at best; a mask would only add work). FLOPs count the
+  real sequences' visible pairs, so the padded runs' TFLOP/s show the waste.
+- head_dim: what padding costs a head dim that is not a multiple of 8 (the public functions pad
+  q, k and v with zero columns): causal attention at each of --pad-head-dims against the same
+  problem at the padded head dim, where no copy is needed; --tokens per step, 16 heads.
 Hidden size --hidden over head dim --head-dim heads; --tokens per step for the score_mod study.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Results, int_list, print_table, require_device, short_error, time_ms  # noqa: E402
+from common import Results, int_list, print_table, require_device, sdpa_peers, short_error, time_ms  # noqa: E402
 
 import fattn  # noqa: E402
 
@@ -142,6 +150,58 @@ def score_mod_study(results, args, flex, direction):
             results.write(args.out)
 
 
+def varlen_study(results, args, direction):
+    d, h, b = args.head_dim, args.hidden // args.head_dim, args.varlen_batch
+    gen = torch.Generator().manual_seed(args.seed)
+    lengths = torch.randint(1, args.varlen_max_seqlen + 1, (b,), generator=gen)
+    longest, total = int(lengths.max()), int(lengths.sum())
+    cu = torch.zeros(b + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    cu = cu.to(args.device)
+    q, k, v = (torch.randn(total, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
+    padded = []
+    for packed in (q, k, v):  # [b, longest, h, d], zeros past each sequence's end
+        t = packed.new_zeros(b, longest, h, d)
+        for i in range(b):
+            t[i, :lengths[i]] = packed[cu[i]:cu[i + 1]]
+        padded.append(t)
+    qp, kp, vp = padded
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in padded)
+    case = {"study": "varlen", "pass": direction, "head_dim": d, "heads": h, "batch": b, "causal": True,
+            "max_seqlen": longest, "total_tokens": total, "lengths": lengths.tolist()}
+    impls = {"fattn-varlen": lambda q, k, v: fattn.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest,
+                                                                           causal=True),
+             "fattn-padded": lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=True)}
+    inputs = {"fattn-varlen": (q, k, v), "fattn-padded": (qp, kp, vp)}
+    for name, backend in sdpa_peers(args.device).items():
+        def sdpa(q, k, v, backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        impls[name + "-padded"], inputs[name + "-padded"] = sdpa, (qt, kt, vt)
+    flops = sum(4 * h * n * (n + 1) // 2 * d for n in lengths.tolist()) * (2.5 if direction == "backward" else 1)
+    measure(results, case, impls, direction, inputs, flops, args.reps)
+    results.compare(case, peers=[name for name in impls if name != "fattn-varlen"], ours=["fattn-varlen"])
+    results.write(args.out)
+
+
+def head_dim_study(results, args, direction):
+    s, h = args.mod_seqlen, 16
+    b = max(1, args.tokens // s)
+    for d in int_list(args.pad_head_dims):
+        padded = d + (-d % 8)
+        case = {"study": "head_dim", "pass": direction, "head_dim": d, "padded_head_dim": padded, "seqlen": s,
+                "batch": b, "heads": h, "causal": True}
+        q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
+        qp, kp, vp = (torch.nn.functional.pad(t, (0, padded - d)) for t in (q, k, v))
+        impls = {"fattn": lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=True),
+                 "fattn-at-padded-dim": lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=True)}
+        inputs = {"fattn": (q, k, v), "fattn-at-padded-dim": (qp, kp, vp)}
+        flops = 4 * b * h * s * s * d / 2 * (2.5 if direction == "backward" else 1)
+        measure(results, case, impls, direction, inputs, flops, args.reps)
+        results.compare(case, peers=["fattn-at-padded-dim"], ours=["fattn"])
+        results.write(args.out)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/variants.json"))
@@ -152,6 +212,11 @@ def parse_args(argv):
     parser.add_argument("--windows", default="1024,4096")
     parser.add_argument("--mod-seqlen", type=int, default=8192)
     parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--varlen-batch", type=int, default=8)
+    parser.add_argument("--varlen-max-seqlen", type=int, default=8192)
+    parser.add_argument("--seed", type=int, default=0, help="the varlen study's lengths")
+    parser.add_argument("--studies", default="window,score_mod,varlen,head_dim")
+    parser.add_argument("--pad-head-dims", default="59,100")
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -160,6 +225,7 @@ def parse_args(argv):
     if args.quick:
         args.head_dim, args.hidden, args.window_seqlen, args.windows = 64, 128, 256, "16,64"
         args.mod_seqlen, args.tokens, args.reps, args.no_flex = 128, 256, 2, True
+        args.varlen_batch, args.varlen_max_seqlen, args.pad_head_dims = 3, 100, "13"
     return args
 
 
@@ -169,20 +235,37 @@ def main(argv=None):
     results = Results.start("variants", args, args.device)
     flex = None if args.no_flex else Flex(args.device)
     for direction in args.passes.split(","):
-        window_study(results, args, flex, direction)
-        score_mod_study(results, args, flex, direction)
+        studies = args.studies.split(",")
+        if "window" in studies:
+            window_study(results, args, flex, direction)
+        if "score_mod" in studies:
+            score_mod_study(results, args, flex, direction)
+        if "varlen" in studies:
+            varlen_study(results, args, direction)
+        if "head_dim" in studies:
+            head_dim_study(results, args, direction)
     print_summary(results)
     print(f"wrote {args.out}")
 
 
 def print_summary(results):
+    fattn_rows = [r for r in results.rows if r["impl"] == "fattn" and r["study"] in ("window", "score_mod")]
     lines = []
-    for r in (r for r in results.rows if r["impl"] == "fattn"):
+    for r in fattn_rows:
         what = f"window {r['window_left']}" if r["study"] == "window" else f"{r['mod']} causal={r['causal']}"
         lines.append([r["pass"], r["seqlen"], what, r["ms"], r["tflops"] and f"{r['tflops']:.1f}",
                       r.get("vs_plain"), r["ratio_vs"].get("flex")])
     print_table(["pass", "seqlen", "variant", "fattn ms", "TFLOP/s", "vs plain", "fattn/flex"], lines,
                 title="\nvariants: fattn/flex = time ratio (< 1: fattn faster); vs plain = time over fattn's plain run")
+    lines = [[r["pass"], r["batch"], r["max_seqlen"], r["total_tokens"], r["ms"], r["tflops"] and f"{r['tflops']:.1f}",
+              *(r["ratio_vs"].get(peer) for peer in ("fattn-padded", "sdpa_flash-padded", "sdpa_cudnn-padded"))]
+             for r in results.rows if r["impl"] == "fattn-varlen"]
+    print_table(["pass", "batch", "max len", "tokens", "varlen ms", "TFLOP/s", "/fattn pad", "/flash pad",
+                 "/cudnn pad"], lines, title="\nvarlen (causal): time ratio of fattn varlen over each padded run")
+    lines = [[r["pass"], r["head_dim"], r["padded_head_dim"], r["ms"], r["ratio_vs"].get("fattn-at-padded-dim")]
+             for r in results.rows if r["study"] == "head_dim" and r["impl"] == "fattn"]
+    print_table(["pass", "head dim", "padded", "fattn ms", "/at padded dim"], lines,
+                title="\nhead dims that are not a multiple of 8: time over the same problem at the padded dim")
 
 
 if __name__ == "__main__":

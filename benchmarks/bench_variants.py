@@ -8,8 +8,8 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
 - window: at --window-seqlen tokens (batch 1), a bottom-right sliding window of each of
   --windows keys to the left (right edge 0, as causal) and full causal attention; time should
   grow with the window, not the sequence. FLOPs count the visible (query, key) pairs.
-- score_mod: at --mod-seqlen tokens, plain attention, softcap 30, ALiBi, and both, each also
-  causal; fattn's rows carry ratio_vs against fattn's plain run of the same shape
+- score_mod: at --mod-seqlen tokens, plain attention, softcap 30, ALiBi, both, and sinks (one
+  logit per head in the denominator), each also causal; fattn's rows carry ratio_vs against fattn's plain run of the same shape
   ("fattn-plain") and against Flex with the same modification.
 - varlen: a causal batch of --varlen-batch random lengths in 1..--varlen-max-seqlen (seeded),
   packed for flash_attn_varlen_func, against the padded equivalent: every sequence padded to
@@ -127,14 +127,16 @@ def score_mod_study(results, args, flex, direction):
     slopes = alibi_slopes(h, args.device)
     for causal in (False, True):
         plain_case = None
-        for mod, softcap, alibi in (("plain", 0.0, None), ("softcap", 30.0, None), ("alibi", 0.0, slopes),
-                                    ("softcap+alibi", 30.0, slopes)):
+        sinks = torch.randn(h, device=args.device)
+        for mod, softcap, alibi, sink in (("plain", 0.0, None, None), ("softcap", 30.0, None, None),
+                                          ("alibi", 0.0, slopes, None), ("softcap+alibi", 30.0, slopes, None),
+                                          ("sinks", 0.0, None, sinks)):
             case = {"study": "score_mod", "pass": direction, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                     "causal": causal, "mod": mod}
-            impls = {"fattn": lambda q, k, v, c=causal, cap=softcap, a=alibi: fattn.flash_attn_func(
-                q, k, v, causal=c, softcap=cap, alibi_slopes=a)}
+            impls = {"fattn": lambda q, k, v, c=causal, cap=softcap, a=alibi, s=sink: fattn.flash_attn_func(
+                q, k, v, causal=c, softcap=cap, alibi_slopes=a, sinks=s)}
             inputs = {"fattn": (q, k, v)}
-            if flex:
+            if flex and sink is None:  # Flex has no sink term
                 impls["flex"] = flex.modified(s, causal, softcap, alibi)
                 inputs["flex"] = (qt, kt, vt)
             flops = 4 * b * h * s * s * d / (2 if causal else 1) * (2.5 if direction == "backward" else 1)

@@ -18,9 +18,10 @@ using torch::stable::Tensor;
 // fattn::forward: out [batch, seqlen_q, heads, head_dim] (contiguous, q's dtype) and lse
 // [batch, heads, seqlen_q] (natural log, -inf for empty rows; lse_dtype of q).
 // `deterministic` is not used by the forward; autograd saves it for the backward.
+// `sinks` (float32 [heads], optional) is a forward argument only: the backward sees it through lse.
 #define FATTN_SEGMENT_ARGS std::optional<Tensor> q_segment_ids, std::optional<Tensor> kv_segment_ids
 #define FATTN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, std::optional<double> softmax_scale, bool causal, \
-                           bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS
+                           bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> sinks
 std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 
@@ -41,7 +42,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
                           std::optional<Tensor> seqused_k
 #define FATTN_VARLEN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, FATTN_VARLEN_ARGS, \
                                   std::optional<double> softmax_scale, bool causal, bool deterministic, \
-                                  FATTN_VARIANT_ARGS
+                                  FATTN_VARIANT_ARGS, std::optional<Tensor> sinks
 #define FATTN_VARLEN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
                                    std::optional<Tensor> dlse, FATTN_VARLEN_ARGS, \
                                    std::optional<double> softmax_scale, bool causal, bool deterministic, \
@@ -63,7 +64,7 @@ std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
                           std::optional<Tensor> v, std::optional<Tensor> cache_seqlens, \
                           std::optional<Tensor> block_table, std::optional<double> softmax_scale, bool causal, \
                           int64_t window_left, int64_t window_right, double softcap, int64_t num_splits, \
-                          std::optional<Tensor> alibi_slopes
+                          std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS);
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS);
 

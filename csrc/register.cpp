@@ -11,7 +11,8 @@
 STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
         "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
-        "Tensor? alibi_slopes=None, Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None) -> (Tensor out, Tensor lse)");
+        "Tensor? alibi_slopes=None, Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None) "
+        "-> (Tensor out, Tensor lse)");
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "
         "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None) "
@@ -19,7 +20,7 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? seqused_k=None, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
-        "Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)");
+        "Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
   m.def("varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? seqused_k, "
         "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "
@@ -28,7 +29,8 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   // k_cache and v_cache are written in place when k and v are given (the append).
   m.def("decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
         "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? alibi_slopes=None) "
+        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? alibi_slopes=None, "
+        "Tensor? sinks=None) "
         "-> (Tensor out, Tensor lse)");
 }
 

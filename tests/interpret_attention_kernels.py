@@ -35,9 +35,9 @@ from triton_src.python_launch import (  # noqa: E402
 TILES = Tiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
-def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None):
+def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None, sinks=None):
     """(out, lse, dq, dk, dv) from the kernels; packing: None (dense) or a Packing."""
-    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, segments=segments)
+    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, segments=segments, sinks=sinks)
     out, lse = forward(q, k, v, TILES, variant, packing)
     delta = backward_preprocess(out, dout, lse, dlse, TILES, packing)
     dk, dv = backward_dkdv(q, k, v, dout, lse, delta, TILES, variant, packing)
@@ -62,6 +62,8 @@ CASES = [
     ("all-causal-window-sq-above-sk", 57, 39, 4, 2, 16, True, (12, -1), 3.0, "heads"),
     ("segments-causal", 50, 50, 4, 2, 16, True, (-1, -1), 0.0, "segments"),
     ("segments-window-softcap-sq-below-sk", 37, 58, 2, 2, 24, False, (9, 3), 2.0, "segments"),
+    ("sinks-causal-sq-above-sk-gqa2", 53, 37, 4, 2, 16, True, (-1, -1), 0.0, "sinks"),
+    ("sinks-window-softcap", 45, 61, 2, 2, 16, False, (5, 3), 1.5, "sinks"),
 ]
 
 PACKED_CASES = [
@@ -74,9 +76,13 @@ PACKED_CASES = [
 
 
 def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind):
-    """alibi_kind "segments" gives segment ids instead: random cuts, shared by q and k's ends."""
+    """alibi_kind "segments" gives segment ids instead: random cuts, shared by q and k's ends;
+    "sinks" gives sinks."""
     batch = 2
-    segments = None
+    segments = sinks = None
+    if alibi_kind == "sinks":
+        sinks = torch.randn(heads)
+        alibi_kind = None
     if alibi_kind == "segments":
         longest = max(seqlen_q, seqlen_k)
         cuts = torch.randint(0, longest, (batch, 3))
@@ -90,11 +96,12 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     dlse = torch.randn(batch, heads, seqlen_q)
     alibi = None if alibi_kind is None else torch.rand((heads,) if alibi_kind == "heads" else (batch, heads)) * 0.3
     options = (causal, False, window[0], window[1], softcap, alibi, *(segments or (None, None)))
-    want_out, want_lse = torch.ops.fattn.forward(q.double(), k.double(), v.double(), None, *options)
+    want_out, want_lse = torch.ops.fattn.forward(q.double(), k.double(), v.double(), None, *options, sinks)
     finite = torch.isfinite(want_lse)
     want = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
                                     dlse.double().masked_fill(~finite, 0), None, *options)
-    got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments)
+    got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments,
+                 sinks=sinks)
     return compare(name, got, want_out, want_lse, want)
 
 

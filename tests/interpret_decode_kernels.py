@@ -30,8 +30,8 @@ TILES = DecodeTiles(block_m=16, block_n=16, block_s=4, num_warps=4, num_stages=1
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-           alibi=None):
-    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi)
+           alibi=None, sinks=None):
+    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
     return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, TILES, variant, k_new, v_new)
 
 
@@ -45,11 +45,13 @@ CASES = [
     ("paged32-window-right-9splits", 5, 6, 1, 32, 32, 2, False, (-1, 2), 0.0, 9),
     ("paged16-causal-softcap", 4, 8, 2, 40, 16, 1, True, (-1, -1), 3.0, 4),
     ("paged16-causal-softcap-alibi-gqa4", 3, 8, 2, 16, 16, 2, True, (-1, -1), 3.0, 4),
+    ("paged16-causal-sinks-gqa4-9splits", 3, 8, 2, 16, 16, 2, True, (-1, -1), 0.0, 9),
+    ("contiguous-window-sinks-1split", 2, 4, 4, 16, None, 0, False, (4, 0), 0.0, 1),
 ]
 
 
 def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, causal, window, softcap, splits):
-    """Cases named *alibi* add [batch, heads] ALiBi slopes."""
+    """Cases named *alibi* add [batch, heads] ALiBi slopes, cases named *sinks* sinks."""
     # An empty sequence, a short and a long one: with 9 splits the long one spreads its keys
     # over more splits than one merge chunk (BLOCK_S) holds. A right window only bites
     # when it is shorter than seqlen_q - 1 (the mask is aligned bottom-right).
@@ -68,12 +70,13 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
     v_new = torch.randn_like(k_new) if seqlen_new else None
     want_k, want_v = k_cache.double(), v_cache.double()
     alibi = torch.rand(batch, heads) * 0.2 if "alibi" in name else None
+    sinks = torch.randn(heads) if "sinks" in name else None
     want_out, want_lse = torch.ops.fattn.decode(
         q.double(), want_k, want_v, None if k_new is None else k_new.double(),
         None if v_new is None else v_new.double(), cache_seqlens, block_table, None, causal, window[0], window[1],
-        softcap, 0, alibi)
+        softcap, 0, alibi, sinks)
     out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-                      alibi)
+                      alibi, sinks)
     finite = torch.isfinite(want_lse)
     return {
         "case": name,

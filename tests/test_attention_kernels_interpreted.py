@@ -20,7 +20,8 @@ CASES = [
     "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
     "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
-    "segments-causal", "segments-window-softcap-sq-below-sk", "varlen-gqa2", "varlen-causal-q-and-k-differ",
+    "segments-causal", "segments-window-softcap-sq-below-sk", "sinks-causal-sq-above-sk-gqa2",
+    "sinks-window-softcap", "varlen-gqa2", "varlen-causal-q-and-k-differ",
     "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
 ]
 

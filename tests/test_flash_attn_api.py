@@ -24,7 +24,7 @@ def test_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_func) == FLASH_ATTN_PARAMS
     assert _positional(fattn.flash_attn_qkvpacked_func) == ["qkv"] + FLASH_ATTN_PARAMS[3:]
     assert _positional(fattn.flash_attn_kvpacked_func) == ["q", "kv"] + FLASH_ATTN_PARAMS[3:]
-    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids"]
+    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids", "sinks"]
 
 
 def _keyword_only(fn):
@@ -38,7 +38,7 @@ def test_varlen_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_varlen_qkvpacked_func) == ["qkv", "cu_seqlens", "max_seqlen"] + \
         FLASH_ATTN_PARAMS[3:]
     assert _positional(fattn.flash_attn_varlen_kvpacked_func) == ["q", "kv"] + varlen + FLASH_ATTN_PARAMS[3:]
-    assert _keyword_only(fattn.flash_attn_varlen_func) == ["seqused_k", "return_lse"]
+    assert _keyword_only(fattn.flash_attn_varlen_func) == ["seqused_k", "return_lse", "sinks"]
 
 
 def test_a_call_ported_from_flash_attn_means_the_same():

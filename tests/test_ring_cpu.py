@@ -26,28 +26,36 @@ def _full_problem(seed=0):
     return q, k, v, w_out, w_lse
 
 
-# (causal, window_size, softcap): windows shorter and longer than a chunk (24 / (2 * world)
+# (causal, window_size, softcap, sinks): windows shorter and longer than a chunk (24 / (2 * world)
 # rows), one-sided and two-sided, so that pieces are cut on both sides of the diagonal.
-RING_VARIANTS = [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (4, -1), 0.0), (False, (2, 7), 1.5),
-                 (False, (-1, 3), 0.0)]
+RING_VARIANTS = [(False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False), (True, (4, -1), 0.0, True),
+                 (False, (2, 7), 1.5, False), (False, (-1, 3), 0.0, True)]
 
 
 def _check_rank(rank, world):
     q, k, v, w_out, w_lse = _full_problem()
-    for causal, window, softcap in RING_VARIANTS:
+    sink_values = torch.linspace(-1.0, 1.5, HEADS)
+    for causal, window, softcap, with_sinks in RING_VARIANTS:
         for sharding in ("zigzag", "contiguous"):
             # Single-process truth, with gradients of out and lse.
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            ref_out, ref_lse = attention_reference(*leaves, None, causal, window_size=window, softcap=softcap)
+            ref_sinks = sink_values.clone().requires_grad_() if with_sinks else None
+            ref_out, ref_lse = attention_reference(*leaves, None, causal, window_size=window, softcap=softcap,
+                                                   sinks=ref_sinks)
             ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
             ref_grads = [t.grad for t in leaves]
 
             local = [shard(t, world, rank, sharding).clone().requires_grad_() for t in (q, k, v)]
+            sinks = sink_values.clone().requires_grad_() if with_sinks else None
             out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding,
-                                                  window_size=window, softcap=softcap)
+                                                  window_size=window, softcap=softcap, sinks=sinks)
             loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
             loss.backward()
-            what = f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} {sharding}"
+            what = f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} sinks={with_sinks} {sharding}"
+            if with_sinks:  # each rank's share of the sinks' gradient; summed, the whole
+                dsinks = sinks.grad.clone()
+                dist.all_reduce(dsinks)
+                torch.testing.assert_close(dsinks, ref_sinks.grad, atol=1e-5, rtol=1e-5, msg=f"{what} dsinks")
             tol = 1e-10 * world  # float64: rounding grows with the number of merged steps
             torch.testing.assert_close(out, shard(ref_out, world, rank, sharding), atol=tol, rtol=tol, msg=what)
             torch.testing.assert_close(lse, shard(ref_lse, world, rank, sharding, dim=2), atol=tol, rtol=tol, msg=what)

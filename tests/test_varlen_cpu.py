@@ -33,7 +33,8 @@ def test_every_sample_matches_the_dense_reference_per_sequence():
         q, k, v, cu_q, cu_k, _, _, used, scale, causal, _, *_ = sample.args
         out, lse = VARLEN_FORWARD(*sample.args)
         want_out, want_lse = per_sequence_reference(q, k, v, cu_q, cu_k, used, scale, causal,
-                                                    reference_variant((None,) * 6 + tuple(sample.args[11:15])))
+                                                    reference_variant((None,) * 6 + tuple(sample.args[11:15]) + (None, None)
+                                                                      + tuple(sample.args[15:16])))
         torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12, msg=sample.name)
         torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12, msg=sample.name)
 

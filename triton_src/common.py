@@ -38,6 +38,19 @@ def softmax_step(m_i, l_i, acc, qk, MAY_BE_EMPTY: tl.constexpr):
 
 
 @triton.jit
+def initial_softmax_state(Sinks, head, use_sinks, BLOCK_M: tl.constexpr):
+    """(m_i, l_i) before the first key: -inf and 0; with sinks (use_sinks != 0: one logit per
+    query head, float32 at Sinks + head, that joins the softmax denominator and carries no
+    value) the head's logit in the log2 domain and exp2(0) = 1. The sink is counted once per
+    row this way, whatever the number of key tiles; a row that sees no key then gives out 0
+    and lse = sink. `head` is a scalar or one head per row."""
+    sink = tl.load(Sinks + head, mask=use_sinks != 0, other=0.0) * LOG2E
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.where(use_sinks != 0, sink, float("-inf"))
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.where(use_sinks != 0, 1.0, 0.0)
+    return m_i, l_i
+
+
+@triton.jit
 def softmax_finish(acc, l_i, m_i):
     """(out, lse) of a finished online softmax: out = acc / l_i, lse = natural log of the
     denominator. Rows that saw no key (l_i == 0) give out 0 and lse -inf."""

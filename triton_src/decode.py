@@ -26,7 +26,9 @@ to every key tile: the kernel is bound by memory, the compares are free.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, merge_finish, merge_rescale, softcap_tanh, softmax_finish, softmax_step
+from .common import (
+    LOG2E, initial_softmax_state, merge_finish, merge_rescale, softcap_tanh, softmax_finish, softmax_step,
+)
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
 
 
@@ -83,7 +85,7 @@ def attn_decode_split(
     seqlen_q, num_heads, kv_group_size, head_dim, seqlen_new, capacity, page_size, num_splits,
     window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
-    qk_scale, softcap_log2,
+    qk_scale, softcap_log2, Sinks, use_sinks,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAD_D: tl.constexpr,
 ):
@@ -94,7 +96,8 @@ def attn_decode_split(
     softcap_log2 = softcap * log2(e); otherwise the score is q.k * qk_scale, which
     then already holds log2(e). With use_alibi != 0, ALiBi subtracts slope * |t + diagonal - j|
     (the slope of the row's head, at Alibi + batch * stride_alibib + head * stride_alibih) after
-    the softcap. Out [batch, seqlen_q, heads, head_dim] and Lse
+    the softcap. With use_sinks != 0, split 0 starts each row from its head's sink
+    (initial_softmax_state), so the merge counts the sink once. Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
@@ -140,8 +143,7 @@ def attn_decode_split(
     alibi_log2 = tl.load(Alibi + batch * stride_alibib + head * stride_alibih,
                          mask=row_ok & (use_alibi != 0), other=0.0) * LOG2E
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = initial_softmax_state(Sinks, head, (use_sinks != 0) & (split == 0), BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Rows past `stop` are clamped onto the last key (key 0 for an empty chunk): their
     # loads stay in bounds and on a mapped page, and their scores are masked. The page
@@ -245,7 +247,7 @@ ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
     i32("seqlen_q"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8), i32("seqlen_new"),
     i32("capacity"), i32("page_size"), i32("num_splits"), i32("window_left"), i32("window_right"),
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
-    f32("qk_scale"), f32("softcap_log2"),
+    f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
 ])
 ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .common import (
-    alibi_slope_log2, edge_tile_start, edge_tiles_stop, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, softmax_finish,
+    alibi_slope_log2, edge_tile_start, edge_tiles_stop, initial_softmax_state, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, softmax_finish,
     softmax_step, visible_key_range,
 )
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
@@ -105,7 +105,7 @@ def attn_fwd(
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
-    qk_scale, softcap_log2,
+    qk_scale, softcap_log2, Sinks, use_sinks,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
@@ -120,6 +120,8 @@ def attn_fwd(
     are read at Alibi + batch * stride_alibib + head * stride_alibih when use_alibi != 0.
     With use_segments != 0 (dense layout only), query i of sequence b sees key j only if
     QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
+    With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
+    denominator (initial_softmax_state).
     """
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
@@ -151,8 +153,7 @@ def attn_fwd(
     k_tile_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None]
     v_tile_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_d[None, :]
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = initial_softmax_state(Sinks, head, use_sinks, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diagonal = seqlen_k - seqlen_q
@@ -197,5 +198,5 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
     index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
     i32("use_segments"),
-    f32("qk_scale"), f32("softcap_log2"),
+    f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
 ])

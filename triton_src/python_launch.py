@@ -36,12 +36,18 @@ class Tiles:
 @dataclass(frozen=True)
 class Variant:
     """The attention variant, with flash-attn's meanings. alibi: float32 (heads) or (batch, heads);
-    segments: (q_segment_ids, kv_segment_ids), int32 [batch, seqlen] (dense layout only)."""
+    segments: (q_segment_ids, kv_segment_ids), int32 [batch, seqlen] (dense layout only);
+    sinks: float32 [heads] (forward kernels only: the backward reads them through the lse)."""
     causal: bool = False
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     alibi: torch.Tensor | None = None
     segments: tuple[torch.Tensor, torch.Tensor] | None = None
+    sinks: torch.Tensor | None = None
+
+    def sink_args(self, device) -> dict:
+        sinks = self.sinks if self.sinks is not None else torch.zeros(1, device=device)
+        return dict(Sinks=sinks, use_sinks=int(self.sinks is not None))
 
     def args(self, head_dim: int, device) -> tuple[dict, float]:
         """(the kernels' variant arguments by name, the softmax scale)."""
@@ -119,7 +125,7 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
                     num_stages=tiles.num_stages, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                     SCORE_MOD=variant.score_mod, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
                     **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,
-                    **variant_args)
+                    **variant_args, **variant.sink_args(q.device))
     return out, lse
 
 
@@ -219,7 +225,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
         (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n, Q=q, PartOut=part_out, PartLse=part_lse, Out=out, Lse=lse, **tensor_strides("q", q),
         seqlen_q=seqlen_q, num_heads=heads, kv_group_size=heads // kv_heads, head_dim=head_dim,
-        seqlen_new=seqlen_new, num_splits=splits, **scores)
+        seqlen_new=seqlen_new, num_splits=splits, **scores, **variant.sink_args(q.device))
     if splits > 1:
         ATTN_DECODE_MERGE.launch(
             (seqlen_q, heads, batch), num_warps=4, num_stages=1, **head, BLOCK_S=tiles.block_s, PartOut=part_out,

@@ -51,7 +51,7 @@ def f32_tensor(name: str) -> Param:
 
 
 def slopes_tensor(name: str) -> Param:
-    """A float32 tensor of per-head values (ALiBi slopes) that may be a view: no alignment promise."""
+    """A float32 tensor of per-head values (ALiBi slopes, sinks) that may be a view: no alignment promise."""
     return Param(name, "*fp32")
 
 

@@ -29,6 +29,35 @@ void check_alibi_slopes(const char* op, const Tensor& a, const Tensor& q, int64_
   check_same_device(op, "alibi_slopes", a, "q", q);
 }
 
+void check_sinks(const char* op, const std::optional<Tensor>& sinks, const Tensor& q, int64_t heads) {
+  if (!sinks.has_value()) return;
+  if (sinks->scalar_type() != ScalarType::Float) {
+    fail(op, "sinks has dtype ", dtype_name(sinks->scalar_type()), "; expected float32");
+  }
+  if (sinks->dim() != 1 || sinks->size(0) != heads) {
+    fail(op, "sinks has shape ", shape_of(*sinks), "; expected [heads] = [", heads, "]");
+  }
+  check_same_device(op, "sinks", *sinks, "q", q);
+}
+
+std::optional<Tensor> unit_stride(const std::optional<Tensor>& sinks) {
+  if (!sinks.has_value() || sinks->stride(0) == 1) return sinks;
+  return torch::stable::contiguous(*sinks);
+}
+
+KernelSinks kernel_sinks(const std::optional<Tensor>& sinks, const Tensor& placeholder) {
+  if (!sinks.has_value()) return {placeholder.data_ptr(), 0};
+  if (sinks->size(0) > 1 && sinks->stride(0) != 1) fail("fattn", "internal: sinks must have unit stride here");
+  return {sinks->data_ptr(), 1};
+}
+
+std::vector<double> cpu_sinks(const std::optional<Tensor>& sinks) {
+  if (!sinks.has_value()) return {};
+  Tensor d = as_double(*sinks);
+  const double* p = d.const_data_ptr<double>();
+  return std::vector<double>(p, p + d.size(0));
+}
+
 void check_softcap(const char* op, double softcap) {
   if (!(softcap >= 0) || !std::isfinite(softcap)) {
     fail(op, "softcap must be a finite number >= 0 (0 disables it), got ", softcap);

@@ -74,6 +74,22 @@ void check_softcap(const char* op, double softcap);
 // `keys` wide, e.g. seqlen_k + seqlen_q), which also keeps it within 32 bits.
 inline int64_t bounded_window(int64_t w, int64_t keys) { return w < 0 || w >= keys ? int64_t{-1} : w; }
 
+// Sinks: float32 [heads] on q's device (one logit per query head that joins every row's
+// softmax denominator and carries no value).
+void check_sinks(const char* op, const std::optional<Tensor>& sinks, const Tensor& q, int64_t heads);
+// The sinks with unit stride, as the kernels read them (a copy only for a strided view); keep
+// the result alive across the launch.
+std::optional<Tensor> unit_stride(const std::optional<Tensor>& sinks);
+// The sinks as the kernels take them (unit stride): their address, or `placeholder`'s (never
+// read: use 0).
+struct KernelSinks {
+  const void* sinks;
+  int64_t use_sinks;
+};
+KernelSinks kernel_sinks(const std::optional<Tensor>& sinks, const Tensor& placeholder);
+// The sinks for the CPU references: one float64 logit per head, or none.
+std::vector<double> cpu_sinks(const std::optional<Tensor>& sinks);
+
 // ALiBi slopes: float32 [heads] or [batch, heads] on q's device.
 void check_alibi_slopes(const char* op, const Tensor& slopes, const Tensor& q, int64_t batch, int64_t heads);
 

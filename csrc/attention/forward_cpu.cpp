@@ -18,8 +18,10 @@ namespace fattn {
 namespace {
 
 // out and lse are zero-filled float64 tensors shaped as the op returns them.
+// sinks: one logit per head joining every row's denominator (none when empty).
 void attend(const AttentionShape& s, const AttentionVariant& variant, const SequenceSpans& spans, double scale,
-            const Tensor& qd, const Tensor& kd, const Tensor& vd, Tensor& out_d, Tensor& lse_d) {
+            const std::vector<double>& sinks, const Tensor& qd, const Tensor& kd, const Tensor& vd, Tensor& out_d,
+            Tensor& lse_d) {
   const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
   const double* Q = qd.const_data_ptr<double>();
@@ -38,7 +40,8 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
       const ScoreMod& mod = mods[b * H + h];
       for (int64_t i = 0; i < spans.q_len[b]; ++i) {
         const int64_t row = (spans.q_start[b] + i) * H + h;
-        double row_max = neg_inf;
+        const double sink = sinks.empty() ? neg_inf : sinks[h];
+        double row_max = sink;
         for (int64_t j = 0; j < seqlen_k; ++j) {
           scores[j] = neg_inf;  // masked: weight exp(-inf) = 0
           if (!variant.visible(i, j, diagonal) || !segments.same(b, i, j)) continue;
@@ -49,11 +52,11 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
           row_max = std::max(row_max, scores[j]);
         }
         double* lse = L + spans.lse_index(b, h, i);
-        if (row_max == neg_inf) {  // no visible key: out stays 0, lse is -inf
+        if (row_max == neg_inf) {  // no visible key (and no sink): out stays 0, lse is -inf
           *lse = neg_inf;
           continue;
         }
-        double sum = 0;
+        double sum = sinks.empty() ? 0.0 : std::exp(sink - row_max);  // the sink carries no value
         for (int64_t j = 0; j < seqlen_k; ++j) {
           scores[j] = std::exp(scores[j] - row_max);
           sum += scores[j];
@@ -72,12 +75,13 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
 
 std::tuple<Tensor, Tensor> forward_reference(const AttentionShape& s, const AttentionVariant& variant,
                                              const SequenceSpans& spans, std::optional<double> softmax_scale,
-                                             const Tensor& q, const Tensor& k, const Tensor& v,
-                                             std::vector<int64_t> lse_shape) {
+                                             const std::optional<Tensor>& sinks, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, std::vector<int64_t> lse_shape) {
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
   Tensor out_d = torch::stable::new_zeros(qd, sizes_of(q));
   Tensor lse_d = torch::stable::new_zeros(qd, lse_shape);
-  attend(s, variant, spans, resolve_softmax_scale(softmax_scale, s.head_dim), qd, kd, vd, out_d, lse_d);
+  attend(s, variant, spans, resolve_softmax_scale(softmax_scale, s.head_dim), cpu_sinks(sinks), qd, kd, vd, out_d,
+         lse_d);
   return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
 }
 
@@ -90,7 +94,9 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   const AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
-  return forward_reference(s, variant, dense_spans(s), softmax_scale, q, k, v, {s.batch, s.heads, s.seqlen_q});
+  check_sinks(op, sinks, q, s.heads);
+  return forward_reference(s, variant, dense_spans(s), softmax_scale, sinks, q, k, v,
+                           {s.batch, s.heads, s.seqlen_q});
 }
 
 std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS) {
@@ -100,8 +106,9 @@ std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS) {
                                                seqused_k, softmax_scale);
   const AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  check_sinks(op, sinks, q, s.heads);
   const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
-  return forward_reference(s, variant, spans, softmax_scale, q, k, v, {s.heads, q.size(0)});
+  return forward_reference(s, variant, spans, softmax_scale, sinks, q, k, v, {s.heads, q.size(0)});
 }
 
 }  // namespace fattn

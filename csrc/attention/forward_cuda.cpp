@@ -14,6 +14,7 @@ using kernels::attn_fwd;
 // cu_seqlens_q/k and seqused_k: packed inputs (q [total_q, heads, head_dim]) when given.
 std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& s, const AttentionVariant& variant,
                                           std::optional<double> softmax_scale, Tensor q, Tensor k, Tensor v,
+                                          const std::optional<Tensor>& sinks,
                                           const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
                                           const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
                                           const std::optional<Tensor>& seqused_k = std::nullopt) {
@@ -35,6 +36,8 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   v = aligned_for_kernel(v);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
   const KernelSegments segments = kernel_segments(variant, lse);
+  const std::optional<Tensor> unit_sinks = unit_stride(sinks);
+  const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
   const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out);
   const LseStrides ls = lse_strides(lse);
@@ -50,7 +53,8 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
       .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
-      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
+      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2, .Sinks = sink_args.sinks,
+      .use_sinks = sink_args.use_sinks,
   });
   return {out, lse};
 }
@@ -64,7 +68,8 @@ std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
   const AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
-  return launch_forward(op, s, variant, softmax_scale, q, k, v);
+  check_sinks(op, sinks, q, s.heads);
+  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks);
 }
 
 std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
@@ -75,7 +80,8 @@ std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
                                                seqused_k, softmax_scale);
   const AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
-  return launch_forward(op, s, variant, softmax_scale, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k);
+  check_sinks(op, sinks, q, s.heads);
+  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, seqused_k);
 }
 
 }  // namespace fattn

@@ -37,7 +37,7 @@ void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, c
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                             softmax_scale, causal, window_left, window_right, softcap, num_splits,
-                                            alibi_slopes);
+                                            alibi_slopes, sinks);
   Tensor seqlens_t, table_t;
   const int32_t* seqlens = nullptr;
   const int32_t* table = nullptr;
@@ -66,6 +66,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   std::vector<double> scores;
   std::vector<const double*> v_rows;  // the visible keys' value rows
   const std::vector<ScoreMod> mods = score_mods(softcap, alibi_slopes, s.batch, s.heads);
+  const std::vector<double> head_sinks = cpu_sinks(sinks);  // joins each row's denominator, no value
 
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t seqlen_k = (seqlens ? seqlens[b] : s.capacity) + s.seqlen_new;
@@ -77,7 +78,8 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
         const double* qt = Q + ((b * s.seqlen_q + t) * H + h) * D;
         scores.clear();
         v_rows.clear();
-        double row_max = neg_inf;
+        const double sink = head_sinks.empty() ? neg_inf : head_sinks[h];
+        double row_max = sink;
         for (int64_t j = 0; j < seqlen_k; ++j) {
           if (s.window_right >= 0 && j > t + diagonal + s.window_right) continue;
           if (s.window_left >= 0 && j < t + diagonal - s.window_left) continue;
@@ -92,11 +94,11 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
         }
         double* ot = O + ((b * s.seqlen_q + t) * H + h) * D;
         double* lt = L + (b * H + h) * s.seqlen_q + t;
-        if (scores.empty()) {  // no visible key: out stays 0, lse is -inf
+        if (row_max == neg_inf) {  // no visible key (and no sink): out stays 0, lse is -inf
           *lt = neg_inf;
           continue;
         }
-        double sum = 0;
+        double sum = head_sinks.empty() ? 0.0 : std::exp(sink - row_max);
         for (double& p : scores) sum += (p = std::exp(p - row_max));
         for (size_t j = 0; j < scores.size(); ++j) {
           for (int64_t d = 0; d < D; ++d) ot[d] += scores[j] / sum * v_rows[j][d];

@@ -73,7 +73,8 @@ void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const
 
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
-                                            causal, window_left, window_right, softcap, num_splits, alibi_slopes);
+                                            causal, window_left, window_right, softcap, num_splits, alibi_slopes,
+                                            sinks);
   if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX) {
     fail(kOp, "the cache holds ", s.capacity, " keys per sequence; at most 2^31 - 1 are supported");
   }
@@ -118,6 +119,8 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   }
   // Scores are kept in the log2 domain (attention_variant.h's score_scales).
   const ScoreScales scales = score_scales(resolve_softmax_scale(softmax_scale, s.head_dim), softcap);
+  const std::optional<Tensor> unit_sinks = unit_stride(sinks);
+  const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   kernels::launch_attn_decode_split(split, split_grid, {
       .Q = q.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(),
       .BlockTable = c.table, .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
@@ -130,7 +133,8 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
       .num_splits = splits, .window_left = s.window_left, .window_right = s.window_right,
       .Alibi = alibi_slopes ? alibi_slopes->data_ptr() : lse.data_ptr(), .stride_alibib = alibi_stride_b(alibi_slopes),
       .stride_alibih = alibi_stride_h(alibi_slopes), .use_alibi = alibi_slopes ? 1 : 0,
-      .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2});
+      .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2, .Sinks = sink_args.sinks,
+      .use_sinks = sink_args.use_sinks});
   if (splits > 1) {
     kernels::launch_attn_decode_merge(merge, merge_grid, {
         .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),

@@ -128,7 +128,7 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
                                 const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& block_table,
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                 int64_t window_right, double softcap, int64_t num_splits,
-                                const std::optional<Tensor>& alibi_slopes) {
+                                const std::optional<Tensor>& alibi_slopes, const std::optional<Tensor>& sinks) {
   DecodeShape s{};
   check_query(op, q, s);
   check_caches(op, q, k_cache, v_cache, s);
@@ -138,6 +138,7 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   check_softmax_scale(op, softmax_scale);
   check_softcap(op, softcap);
   if (alibi_slopes.has_value()) check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);
+  check_sinks(op, sinks, q, s.heads);
   if (num_splits < 0 || num_splits > kMaxDecodeSplits) {
     fail(op, "num_splits is ", num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
   }

@@ -39,7 +39,7 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q,
                                 const std::optional<Tensor>& block_table,
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                 int64_t window_right, double softcap, int64_t num_splits,
-                                const std::optional<Tensor>& alibi_slopes);
+                                const std::optional<Tensor>& alibi_slopes, const std::optional<Tensor>& sinks);
 
 // The CPU-only checks of device values: cache_seqlens in [0, capacity - seqlen_new] and the
 // block_table entries of the pages each sequence uses in [0, num_pages). `seqlens` and `table`

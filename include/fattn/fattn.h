@@ -42,8 +42,9 @@ inline void keep_library_linked() {
 // softcap * tanh(s / softcap); alibi_slopes (float32 [heads] or [batch, heads]) then adds
 // -slope * |i + d - j|. q_segment_ids int32 [batch, seqlen_q] and kv_segment_ids [batch,
 // seqlen_k] (both or neither) restrict query i to keys of its own segment (packing several
-// documents into one row). Inference only: autograd for the operator is registered by the
-// Python package.
+// documents into one row). sinks (float32 [heads]) adds one logit per head to every row's
+// softmax denominator, carrying no value (gpt-oss); a row that sees no key then has lse = sink.
+// Inference only: autograd for the operator is registered by the Python package.
 inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v,
                                                   std::optional<double> softmax_scale = std::nullopt,
@@ -51,12 +52,14 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                   int64_t window_right = -1, double softcap = 0.0,
                                                   const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
                                                   const std::optional<at::Tensor>& q_segment_ids = std::nullopt,
-                                                  const std::optional<at::Tensor>& kv_segment_ids = std::nullopt) {
+                                                  const std::optional<at::Tensor>& kv_segment_ids = std::nullopt,
+                                                  const std::optional<at::Tensor>& sinks = std::nullopt) {
   detail::keep_library_linked();
   // Schema: forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None,
   //                 bool causal=False, bool deterministic=False, int window_left=-1,
   //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None,
-  //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None) -> (Tensor out, Tensor lse)
+  //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None)
+  //                 -> (Tensor out, Tensor lse)
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fattn::forward", "")
@@ -65,10 +68,11 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                     bool, bool, int64_t, int64_t, double,
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&,
+                                                    const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&)>();
   // `deterministic` only matters to the backward, which C++ callers do not run.
   return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false, window_left, window_right,
-                 softcap, alibi_slopes, q_segment_ids, kv_segment_ids);
+                 softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks);
 }
 
 // Flash decoding: attention of a few new query tokens (1 <= seqlen_q <= 16) over a KV cache,
@@ -88,7 +92,8 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
 // so sequence b has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is NOT advanced:
 // the caller adds seqlen_new after the call. Masks are aligned bottom-right as in forward;
 // causal forces window_right = 0; window_left/right < 0 mean unbounded; softcap > 0 applies
-// softcap * tanh(score / softcap); alibi_slopes then adds -slope * |t + d - j| as in forward.
+// softcap * tanh(score / softcap); alibi_slopes then adds -slope * |t + d - j| as in forward;
+// sinks (float32 [heads]) join every row's denominator as in forward.
 // num_splits: 0 picks the split-K count on CUDA, n forces it
 // (same result within rounding); CPU ignores it. On CUDA an append past the capacity is not
 // checked (it needs the device values): it is dropped and the sequence clamped to capacity.
@@ -102,13 +107,14 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
                                                  bool causal = false, int64_t window_left = -1,
                                                  int64_t window_right = -1, double softcap = 0.0,
                                                  int64_t num_splits = 0,
-                                                 const std::optional<at::Tensor>& alibi_slopes = std::nullopt) {
+                                                 const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
+                                                 const std::optional<at::Tensor>& sinks = std::nullopt) {
   detail::keep_library_linked();
   // Schema: decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None,
   //                Tensor? v=None, Tensor? cache_seqlens=None, Tensor? block_table=None,
   //                float? softmax_scale=None, bool causal=False, int window_left=-1,
   //                int window_right=-1, float softcap=0.0, int num_splits=0,
-  //                Tensor? alibi_slopes=None) -> (Tensor out, Tensor lse)
+  //                Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)
   // The mutable Tensor(a!) arguments are at::Tensor& in the typed signature, as in ATen's
   // generated operators. A const at::Tensor& is taken here so that views (cache slices) can
   // be passed; the handle is not reseated, only the storage it points to is written, the
@@ -123,10 +129,10 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
               const at::Tensor&, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t,
-              double, int64_t, const std::optional<at::Tensor>&)>();
+              double, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
   return op.call(q, const_cast<at::Tensor&>(k_cache), const_cast<at::Tensor&>(v_cache), k, v,
                  cache_seqlens, block_table, softmax_scale, causal, window_left, window_right,
-                 softcap, num_splits, alibi_slopes);
+                 softcap, num_splits, alibi_slopes, sinks);
 }
 
 }  // namespace fattn

@@ -148,6 +148,17 @@ def check_alibi_slopes(op: str, alibi_slopes, q, batch, heads) -> None:
     check_same_device(op, "alibi_slopes", alibi_slopes, "q", q)
 
 
+def check_sinks(op: str, sinks, q, heads) -> None:
+    """float32 [heads] on q's device: one logit per query head."""
+    if sinks is None:
+        return
+    if sinks.dtype != torch.float32:
+        fail(op, "sinks has dtype ", dtype_name(sinks.dtype), "; expected float32")
+    if tuple(sinks.shape) != (heads,):
+        fail(op, "sinks has shape ", shape_of(sinks), "; expected [heads] = [", heads, "]")
+    check_same_device(op, "sinks", sinks, "q", q)
+
+
 def check_segment_ids(op: str, q_segment_ids, kv_segment_ids, q, batch, seqlen_q, seqlen_k) -> None:
     """int32 [batch, seqlen_q] / [batch, seqlen_k] pairs on q's device, rows contiguous, dense layout."""
     if (q_segment_ids is None) != (kv_segment_ids is None):

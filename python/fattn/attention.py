@@ -11,7 +11,8 @@ from torch.autograd.function import once_differentiable
 
 from ._checks import (
     check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups,
-    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_segment_ids, check_softcap,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_segment_ids, check_sinks,
+    check_softcap,
     check_window,
     dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
@@ -43,6 +44,7 @@ def flash_attn_func(
     return_lse: bool = False,
     q_segment_ids: torch.Tensor | None = None,
     kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, with flash-attn 2.8's parameters
     in flash-attn's order (fattn's own extras are keyword-only, after them).
@@ -80,6 +82,11 @@ def flash_attn_func(
            both or neither: query i sees key j only if their ids are equal (several documents
            packed in one row); combines with causal, windows, softcap and ALiBi. Every tile
            is masked when they are given.
+        sinks: (keyword) float32 [heads]: one logit per query head that joins every row's
+           softmax denominator and carries no value (gpt-oss's attention sinks):
+           out_i = sum_j exp(s_ij - m) v_j / (exp(sink - m) + sum_j exp(s_ij - m)), and lse
+           includes it (a row that sees no key gives out 0 and lse = sink). Differentiable:
+           the gradient reaching sinks is -sum_i exp(sink - lse_i) * (dout_i . out_i - dlse_i).
 
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype; (out, lse) with return_lse;
@@ -92,7 +99,7 @@ def flash_attn_func(
         softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-                          alibi_slopes, q_segment_ids, kv_segment_ids)
+                          alibi_slopes, q_segment_ids, kv_segment_ids, sinks)
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -129,12 +136,14 @@ def check_dropout(fn, dropout_p):
 def _attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right. args: the op's
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-    alibi_slopes, q_segment_ids, kv_segment_ids)."""
+    alibi_slopes, q_segment_ids, kv_segment_ids, sinks)."""
     q, k, v = args[:3]
+    sinks = args[-1]
     if _is_compiling():
         # Traced graphs differentiate through the op's registered autograd.
         out, lse = _forward_op(*args)
-    elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                              (sinks is not None and sinks.requires_grad)):
         out, lse = _EagerAttention.apply(*args)
     else:
         # No gradient can flow: skip the Python autograd kernel of register_autograd, which
@@ -147,17 +156,37 @@ def _attention(*args):
 # ---------------------------------------------------------------- autograd
 
 # fattn::forward's defaults after q, k, v: softmax_scale, causal, deterministic, window_left,
-# window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids (csrc/register.cpp);
+# window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks (csrc/register.cpp);
 # tests/test_op_samples.py checks them.
-_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None]
+_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None]
+
+
+def sinks_gradient(sinks, dout, out, lse, dlse, rows=None):
+    """d loss / d sinks (float32 [heads]) from the forward's outputs: with p_i = exp(sink - lse_i)
+    the sink's share of row i, d out_i / d sink = -p_i out_i and d lse_i / d sink = p_i, so the
+    gradient is -sum_i p_i (dout_i . out_i - dlse_i) over the rows of every sequence. Dense
+    [batch, seqlen, heads, dim] outputs with lse [batch, heads, seqlen], or packed [total,
+    heads, dim] with lse [heads, total] and `rows`, a bool [total] of the rows inside a sequence."""
+    delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # [batch, seqlen, heads] or [total, heads]
+    delta = delta.transpose(-1, -2)  # lse's layout
+    if dlse is not None:
+        delta = delta - dlse
+    share = torch.exp(sinks.to(lse.dtype)[:, None] - lse)  # [heads, seqlen] broadcasts over batch
+    terms = share * delta
+    if rows is not None:
+        terms = torch.where(rows, terms, 0.0)
+    return (-terms.reshape(-1, *terms.shape[-2:]).sum((0, 2))).to(sinks.dtype)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]  # what the call left to the schema's defaults
-    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg = options
+    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg, sinks = \
+        options
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks)
+    # Not needs_input_grad[-1]: a call that left sinks to its default has fewer inputs.
+    ctx.sinks_need_grad = sinks is not None and sinks.requires_grad
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     # An output nobody used gets None, not a zero tensor: no allocation, no fill, and the
     # backward skips the dlse term.
@@ -166,11 +195,13 @@ def _setup_context(ctx, inputs, output):
 
 @once_differentiable  # no double backward yet: differentiating twice raises instead of giving 0
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, q_seg, kv_seg = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
+    # The backward needs no sinks: P = exp(s - lse) with the sink already inside lse.
     dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes, q_seg, kv_seg)
-    return (dq, dk, dv) + (None,) * len(_OPTION_DEFAULTS)
+    dsinks = sinks_gradient(sinks, dout, out, lse, dlse) if ctx.sinks_need_grad else None
+    return (dq, dk, dv) + (None,) * (len(_OPTION_DEFAULTS) - 1) + (dsinks,)
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
@@ -274,7 +305,8 @@ def check_backward_inputs(op: str, s: AttentionShape, q, dout, out, lse, dlse) -
 
 def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_right, softcap, alibi_slopes,
                             q_segment_ids=None, kv_segment_ids=None):
-    """The op's checks of the variant arguments, in the op's order (after the inputs')."""
+    """The op's checks of the variant arguments, in the op's order (after the inputs'; sinks
+    come after them, check_sinks)."""
     check_window(op, window_left, window_right)
     check_softcap(op, softcap)
     check_alibi_slopes(op, alibi_slopes, q, s.batch, s.heads)
@@ -283,10 +315,11 @@ def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_r
 
 @torch.library.register_fake("fattn::forward")
 def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
-                  softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
+                  softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
     op = "fattn.forward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
+    check_sinks(op, sinks, q, s.heads)
     # Both outputs are fresh and contiguous, as the op allocates them.
     out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim))
     lse = q.new_empty((s.batch, s.heads, s.seqlen_q), dtype=lse_dtype(q.dtype))

@@ -8,7 +8,8 @@ import torch
 
 from ._checks import (
     check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_index_tensor,
-    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_softcap, fail, lse_dtype,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_sinks, check_softcap, fail,
+    lse_dtype,
     shape_of, window_pair,
 )
 from ._library import load_library
@@ -36,6 +37,7 @@ def flash_attn_with_kvcache(
     return_lse: bool = False,
     *,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Attention of a few new query tokens over a KV cache (flash decoding), in
     flash-attn's conventions. Inference only (no autograd).
@@ -64,6 +66,8 @@ def flash_attn_with_kvcache(
         return_lse: also return lse, float32 [batch, heads, seqlen_q].
         alibi_slopes: (keyword) float32 [heads] or [batch, heads]: key j of query t gets
            -slope * |t + seqlen_k - seqlen_q - j| after the softcap, as in flash_attn_func.
+        sinks: (keyword) float32 [heads]: one logit per head in every row's denominator, as
+           in flash_attn_func (counted once, whatever num_splits is).
 
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse). Rows that see
@@ -79,7 +83,7 @@ def flash_attn_with_kvcache(
     if k is not None:
         check_caches_can_take_the_append(k_cache, v_cache)
     out, lse = _decode_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, left, right,
-                          softcap, num_splits, alibi_slopes)
+                          softcap, num_splits, alibi_slopes, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -181,24 +185,26 @@ def check_caches_can_take_the_append(k_cache, v_cache):
                  "allowed inside inference mode")
 
 
-def _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes):
+def _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks):
     check_finite(_OP, "softmax_scale", softmax_scale)
     check_softcap(_OP, softcap)
     check_alibi_slopes(_OP, alibi_slopes, q, q.shape[0], q.shape[2])
+    check_sinks(_OP, sinks, q, q.shape[2])
     if num_splits < 0 or num_splits > MAX_SPLITS:
         fail(_OP, "num_splits is ", num_splits, f"; expected 0 (automatic) or 1 to {MAX_SPLITS}")
 
 
 @torch.library.register_fake("fattn::decode")
 def _decode_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None,
-                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0, alibi_slopes=None):
+                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0, alibi_slopes=None,
+                 sinks=None):
     _check_q(q)
     _check_caches(q, k_cache, v_cache)
     capacity = _check_layout(q, k_cache, block_table)
     _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity)
     if k is not None:
         _check_writable_caches(k_cache, v_cache)
-    _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes)
+    _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks)
     # The append mutates the caches in place (declared in the schema); the outputs are
     # fresh and contiguous.
     batch, seqlen_q, heads, head_dim = q.shape

@@ -14,14 +14,15 @@ from ._checks import lse_dtype
 
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
-                        softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
+                        softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
 
     Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
     d = seqlen_k - seqlen_q, right forced to 0 by `causal`. Scores: scale * q.k, then
     softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d - j| with alibi_slopes
     ([heads] or [batch, heads]). With segment ids ([batch, seqlen_q], [batch, seqlen_k]) query i
-    sees key j only if their ids are equal.
+    sees key j only if their ids are equal. sinks ([heads]) add one logit per head to every
+    row's denominator (a key with no value); differentiable through autograd.
     """
     out_dtype = q.dtype
     q, k, v = (t.to(dtype) for t in (q, k, v))
@@ -50,7 +51,11 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     if q_segment_ids is not None:
         other = q_segment_ids[:, None, :, None] != kv_segment_ids[:, None, None, :]
         scores = scores.masked_fill(other, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
+    if sinks is not None:
+        sink_column = sinks.to(dtype)[None, :, None, None].expand(batch, heads, seqlen_q, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink_column], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     # lse follows fattn's contract: float32, float64 for float64 inputs.
@@ -59,7 +64,7 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
 
 def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
                       causal=False, window_size=(-1, -1), softcap=0.0, k=None, v=None,
-                      dtype=torch.float64, alibi_slopes=None):
+                      dtype=torch.float64, alibi_slopes=None, sinks=None):
     """(out, lse) of decoding over a KV cache (fattn.flash_attn_with_kvcache), computed in `dtype`.
 
     Plain PyTorch, one sequence at a time (their lengths differ). The caches are never modified:
@@ -69,7 +74,8 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     key j < seqlen_k iff (right < 0 or j <= t + diag + right) and (left < 0 or j >= t + diag - left),
     diag = seqlen_k - seqlen_q, right forced to 0 by `causal`; softcap > 0 maps a score s to
     softcap * tanh(s / softcap), then ALiBi subtracts slope * |t + diag - j| (alibi_slopes [heads] or
-    [batch, heads]). Rows that see no key give out 0 and lse -inf. out is in q's dtype,
+    [batch, heads]). sinks ([heads]) join every row's denominator as in attention_reference.
+    Rows that see no key give out 0 and lse -inf (lse = sink with sinks). out is in q's dtype,
     lse float32 (float64 for float64 q) [batch, heads, seqlen_q].
     """
     out_dtype = q.dtype
@@ -130,7 +136,11 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         if left >= 0:
             visible &= j >= t + diag - left
         scores = scores.masked_fill(~visible, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)  # -inf for rows with no visible key (or no key)
+        if sinks is not None:
+            sink_column = sinks.to(dtype).reshape(kv_heads, group, 1, 1).expand(kv_heads, group, seqlen_q, 1)
+            lse = torch.logsumexp(torch.cat([scores, sink_column], dim=-1), dim=-1)
+        else:
+            lse = torch.logsumexp(scores, dim=-1)  # -inf for rows with no visible key (or no key)
         probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
         out = torch.einsum("hgqk,khd->qhgd", probs, values).reshape(seqlen_q, heads, head_dim)
         outs.append(out.to(out_dtype))

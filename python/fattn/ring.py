@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._checks import check_softcap, check_window, lse_dtype, window_pair
+from ._checks import check_sinks, check_softcap, check_window, lse_dtype, window_pair
 from ._library import load_library
+from .attention import sinks_gradient
 from .merge import merge_attention_states
 
 load_library()
@@ -186,11 +187,15 @@ def _accumulate(acc_out, acc_lse, rows, part_out, part_lse):
     acc_lse[:, :, rows] = merged_lse
 
 
-def _new_accumulator(q):
+def _new_accumulator(q, sinks=None):
+    """Zero out and lse -inf; with sinks, lse starts at each head's sink: a partial with no value
+    and the sink's weight, so the merges count the sink once per row, not once per step."""
     acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     b, n, h, d = q.shape
     out = torch.zeros(b, n, h, d, dtype=acc_dtype, device=q.device)
     lse = torch.full((b, h, n), float("-inf"), dtype=acc_dtype, device=q.device)
+    if sinks is not None:
+        lse.copy_(sinks.to(acc_dtype)[None, :, None].expand(b, h, n))
     return out, lse
 
 
@@ -202,9 +207,9 @@ def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap):
         _accumulate(acc[0], acc[1], piece.q_rows, part_out, part_lse)
 
 
-def _ring_forward(q, k, v, ring: _Ring, settings):
+def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
     causal, softmax_scale, sharding, window, softcap = settings
-    acc = _new_accumulator(q)
+    acc = _new_accumulator(q, sinks)
     for i in range(ring.world):
         pending = ring.exchange([k, v]) if i < ring.world - 1 else None
         source = (ring.rank - i) % ring.world
@@ -253,28 +258,32 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, settings, deterministic):
-        out, lse = _ring_forward(q, k, v, _Ring(group), settings)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, sinks, group, settings, deterministic):
+        out, lse = _ring_forward(q, k, v, sinks, _Ring(group), settings)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.settings = (group, settings, deterministic)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         group, settings, deterministic = ctx.settings
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = _ring_backward(dout.contiguous(), dlse, q, k, v, out, lse, _Ring(group), settings,
                                     deterministic)
-        return dq, dk, dv, None, None, None
+        # This rank's rows' share; sinks replicated over the ranks sum their shares as any
+        # replicated parameter does (data-parallel gradient reduction).
+        dsinks = sinks_gradient(sinks, dout, out, lse, dlse) if sinks is not None and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dsinks, None, None, None
 
 
-def _check_inputs(q, k, v, group, sharding, window_size, softcap):
+def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks):
     _check_sharding(sharding)
     left, right = window_pair("ring_flash_attn_func", window_size)
     check_window("fattn.ring_flash_attn_func", left, right)
     check_softcap("fattn.ring_flash_attn_func", softcap)
+    check_sinks("fattn.ring_flash_attn_func", sinks, q, q.shape[2])
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"fattn.ring_flash_attn_func: {name} must be [batch, seqlen/world, heads, head_dim], "
@@ -304,24 +313,25 @@ def _check_inputs(q, k, v, group, sharding, window_size, softcap):
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
-                         deterministic=False, return_lse=False, sharding="zigzag", *, softcap=0.0):
+                         deterministic=False, return_lse=False, sharding="zigzag", *, softcap=0.0, sinks=None):
     """Attention of this rank's q shard over the whole sequence held by `group`.
 
     q, k, v: this rank's shard, [batch, seqlen / world, heads, head_dim] (GQA allowed),
     laid out by `sharding` ("zigzag" or "contiguous"; see `shard`). Returns this rank's
     out shard (and its lse, float32 [batch, heads, seqlen / world], differentiable).
     window_size and softcap mean what they mean in flash_attn_func, over the global positions
-    (the window crosses shards). Works with NCCL (one process per GPU, e.g. under torchrun)
+    (the window crosses shards); so do sinks (float32 [heads], counted once per row; the gradient
+    reaching them is this rank's rows' share). Works with NCCL (one process per GPU, e.g. under torchrun)
     and gloo (CPU tensors).
     """
-    _check_inputs(q, k, v, group, sharding, window_size, softcap)
+    _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks)
     settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap))
-    out, lse = _RingAttention.apply(q, k, v, group, settings, deterministic)
+    out, lse = _RingAttention.apply(q, k, v, sinks, group, settings, deterministic)
     return (out, lse) if return_lse else out
 
 
 def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zigzag", return_lse=False, *,
-             window_size=(-1, -1), softcap=0.0):
+             window_size=(-1, -1), softcap=0.0, sinks=None):
     """The forward ring schedule for `world` virtual ranks, run in one process on one device.
 
     Takes the full sequences, shards them, runs every rank's steps in ring order (the
@@ -334,7 +344,7 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
         raise ValueError(f"fattn.ring.simulate: k and v must have q's sequence length {q.shape[1]} (every rank "
                          f"holds matching q and k/v shards), got {k.shape[1]} and {v.shape[1]}")
     qs, ks, vs = ([shard(t, world, r, sharding) for r in range(world)] for t in (q, k, v))
-    accs = [_new_accumulator(qs[r]) for r in range(world)]
+    accs = [_new_accumulator(qs[r], sinks) for r in range(world)]
     for i in range(world):
         for r in range(world):
             source = (r - i) % world

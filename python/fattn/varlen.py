@@ -13,10 +13,11 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _head_dim
-from ._checks import check_finite, check_index_tensor, fail, lse_dtype, shape_of, window_pair
+from ._checks import check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of, window_pair
 from ._library import load_library
 from .attention import (
     AttentionShape, check_attention_variant, check_backward_inputs, check_dropout, check_qkv, eager_autograd,
+    sinks_gradient,
 )
 
 load_library()
@@ -30,7 +31,7 @@ _is_compiling = torch.compiler.is_compiling
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           return_lse=False):
+                           return_lse=False, sinks=None):
     """flash_attn_func over packed sequences, with flash-attn 2.8's parameters in its order.
 
     Args:
@@ -45,6 +46,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         block_table: flash-attn's paged keys; not supported (raises if given).
         seqused_k: (keyword) int32 [batch]: sequence b attends to its first seqused_k[b] keys.
         return_lse: (keyword) also return lse, float32 [heads, total_q].
+        sinks: (keyword) float32 [heads], as in flash_attn_func.
 
     Rows outside every sequence (past cu[batch]) get out 0 and lse 0, and gradient 0.
     """
@@ -58,7 +60,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                 softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes)
+                                 softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes, sinks)
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -90,9 +92,11 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def _varlen_attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right; args are the op's."""
     q, k, v = args[:3]
+    sinks = args[-1]
     if _is_compiling():
         return _forward_op(*args)
-    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                            (sinks is not None and sinks.requires_grad)):
         return _EagerVarlen.apply(*args)
     with _below_autograd():
         return _forward_op(*args)
@@ -101,28 +105,34 @@ def _varlen_attention(*args):
 # ---------------------------------------------------------------- autograd
 
 # fattn::varlen_forward's defaults after cu_seqlens_q/k and max_seqlen_q/k (csrc/register.cpp).
-_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None]
+_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None, None]
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]
-    seqused_k, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi = options
+    seqused_k, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi, sinks = options
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks)
+    ctx.sinks_need_grad = sinks is not None and sinks.requires_grad  # see attention.py
     ctx.options = (max_q, max_k, softmax_scale, causal, deterministic, window_left, window_right, softcap)
     ctx.set_materialize_grads(False)
 
 
 @once_differentiable
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks = ctx.saved_tensors
     max_q, max_k, softmax_scale, causal, deterministic, window_left, window_right, softcap = ctx.options
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale,
                               causal, deterministic, window_left, window_right, softcap, alibi)
-    return (dq, dk, dv) + (None,) * 12
+    dsinks = None
+    if ctx.sinks_need_grad:
+        index = torch.arange(q.shape[0], device=q.device)  # rows inside a sequence, read on the device
+        rows = (index >= cu_q[0]) & (index < cu_q[-1])
+        dsinks = sinks_gradient(sinks, dout, out, lse, dlse, rows)
+    return (dq, dk, dv) + (None,) * 12 + (dsinks,)
 
 
 torch.library.register_autograd("fattn::varlen_forward", _backward, setup_context=_setup_context)
@@ -162,11 +172,12 @@ def check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @torch.library.register_fake("fattn::varlen_forward")
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
                          softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
-                         softcap=0.0, alibi_slopes=None):
+                         softcap=0.0, alibi_slopes=None, sinks=None):
     op = "fattn.varlen_forward"
     s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                             softmax_scale)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
+    check_sinks(op, sinks, q, s.heads)
     return q.new_empty(q.shape), q.new_empty((s.heads, q.shape[0]), dtype=lse_dtype(q.dtype))
 
 

@@ -66,6 +66,9 @@ FORWARD_CASES = [
     ("segments-causal", (2, 11, 11, 4, 2, 8), "contiguous", None, True, dict(segments=True)),
     ("segments-sq7-sk10-window-softcap", (2, 7, 10, 2, 2, 16), "contiguous", None, False,
      dict(segments=True, window=(3, 2), softcap=1.0)),
+    ("sinks-gqa2-causal", (2, 5, 7, 4, 2, 8), "contiguous", None, True, dict(sinks=True)),
+    ("sinks-window0-0-softcap-alibi-rows-without-keys", (1, 12, 5, 2, 2, 8), "contiguous", None, False,
+     dict(window=(0, 0), softcap=1.0, alibi="heads", sinks=True)),
 ]
 
 
@@ -85,23 +88,40 @@ def segment_ids(batch, seqlen, device, generator_seed):
     return ((positions[None, :, None] >= cuts[:, None, :]).sum(-1)).to(torch.int32).to(device)
 
 
-def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0):
-    """(window_left, window_right, softcap, alibi_slopes[, q_segment_ids, kv_segment_ids]): the op's
-    variant arguments. Segment ids cut q and k at the same places (self-attention packing)."""
+def sinks_for(heads, device):
+    """Random float32 sink logits, one per head, around the scores' scale."""
+    return torch.randn(heads, device=device)
+
+
+def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0, packed=False):
+    """(window_left, window_right, softcap, alibi_slopes[, q_segment_ids, kv_segment_ids][, sinks]):
+    the op's variant arguments (packed: no segment ids). Segment ids cut q and k at the same places
+    (self-attention packing)."""
     window = variant.get("window", (-1, -1))
     args = (window[0], window[1], variant.get("softcap", 0.0), alibi_slopes(variant.get("alibi"), batch, heads, device))
     if variant.get("segments"):
         ids = segment_ids(batch, max(seqlen_q, seqlen_k), device, generator_seed=seqlen_q * 31 + seqlen_k)
         args += (ids[:, :seqlen_q].contiguous(), ids[:, max(seqlen_q, seqlen_k) - seqlen_k:].contiguous())
+    if variant.get("sinks"):
+        if not packed and not variant.get("segments"):
+            args += (None, None)
+        args += (sinks_for(heads, device),)
     return args
+
+
+def backward_variant_args(forward_variant):
+    """The backward's variant arguments from the forward's: all but the sinks (the backward reads
+    them through lse)."""
+    return tuple(forward_variant[:6])
 
 
 def reference_variant(forward_args):
     """fattn.reference.attention_reference's keywords for a forward sample's variant arguments."""
     window_left, window_right, softcap, alibi = forward_args[6:10]
     segments = tuple(forward_args[10:12]) + (None, None)
+    sinks = forward_args[12] if len(forward_args) > 12 else None
     return dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi,
-                q_segment_ids=segments[0], kv_segment_ids=segments[1])
+                q_segment_ids=segments[0], kv_segment_ids=segments[1], sinks=sinks)
 
 
 def forward_samples(device, dtype, requires_grad=False):
@@ -129,7 +149,8 @@ def backward_samples(device, dtype):
             dout = torch.randn_like(out)
         dlse = torch.randn_like(lse) if i % 2 == 0 else None
         name = f"{sample.name}-{'dlse' if dlse is not None else 'no-dlse'}{'-strided-dout' if i % 3 == 2 else ''}"
-        yield Sample(name, (dout, q, k, v, out, lse, dlse, softmax_scale, causal, i % 4 < 2, *variant))
+        yield Sample(name, (dout, q, k, v, out, lse, dlse, softmax_scale, causal, i % 4 < 2,
+                            *backward_variant_args(variant)))
 
 
 # name, page_size (None: contiguous cache), storage layout, new tokens, cache_seqlens (None:
@@ -145,6 +166,7 @@ DECODE_CASES = [
     ("fused-paged16-append3-window-softcap-scale", 16, "fused", 3, [5, 33],
      dict(softmax_scale=0.3, causal=False, window=(6, 2), softcap=1.5)),
     ("paged16-append2-alibi-softcap", 16, "contiguous", 2, [5, 33], dict(alibi="batch", softcap=2.0)),
+    ("paged16-append2-sinks-splits3-empty-sequence", 16, "contiguous", 2, [0, 33], dict(sinks=True, num_splits=3)),
     ("whole-cache", 16, "contiguous", 0, None, {}),
     ("empty-sequence-right-window", None, "contiguous", 0, [0, 2], dict(causal=False, window=(-1, 0))),
 ]
@@ -162,7 +184,8 @@ def decode_samples(device, dtype):
         yield Sample(name, (q, cache.k_cache, cache.v_cache, k, v, cache_seqlens, cache.block_table,
                             options.get("softmax_scale"), options.get("causal", True), window[0], window[1],
                             options.get("softcap", 0.0), options.get("num_splits", 0),
-                            alibi_slopes(options.get("alibi"), 2, 4, device)))
+                            alibi_slopes(options.get("alibi"), 2, 4, device),
+                            sinks_for(4, device) if options.get("sinks") else None))
 
 
 def merge_samples(device, dtype):
@@ -193,6 +216,7 @@ VARLEN_CASES = [
     ("spare-rows-seqused-k-causal", [3, 6], [5, 6], 2, 1, 8, 2, True, [0.6, 1.0], {}),
     ("window-softcap-alibi", [6, 9], None, 2, 2, 16, 0, False, None, dict(window=(2, 1), softcap=1.5, alibi="batch")),
     ("one-sequence", [5], [8], 2, 2, 8, 0, False, None, {}),
+    ("sinks-causal-spare-rows", [4, 6], None, 4, 2, 8, 2, True, None, dict(sinks=True)),
     ("no-sequence", [], None, 2, 2, 8, 0, False, None, {}),
 ]
 
@@ -221,7 +245,7 @@ def varlen_forward_samples(device, dtype, requires_grad=False):
     for case in VARLEN_CASES:
         inputs = varlen_inputs(case, device, dtype, requires_grad)
         batch = inputs[3].shape[0] - 1
-        options = forward_variant_args(case[9], batch, case[3], device)
+        options = forward_variant_args(case[9], batch, case[3], device, packed=True)
         yield Sample(case[0], (*inputs, None, case[7], False, *options))
 
 
@@ -232,7 +256,7 @@ def varlen_backward_samples(device, dtype):
         out, lse = VARLEN_FORWARD(*sample.args)
         dlse = torch.randn_like(lse) if i % 2 == 0 else None
         yield Sample(sample.name, (torch.randn_like(out), q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, used,
-                                   scale, causal, deterministic, *variant))
+                                   scale, causal, deterministic, *variant[:4]))
 
 
 SAMPLE_INPUTS = {"forward": forward_samples, "backward": backward_samples, "decode": decode_samples,

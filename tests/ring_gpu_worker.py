@@ -29,9 +29,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     failures = []
-    # (causal, window_size, softcap): chunks are 256 rows, so these windows cross shards.
-    for causal, window, softcap in ((False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (300, -1), 0.0),
-                                    (False, (100, 400), 30.0)):
+    # (causal, window_size, softcap, sinks): chunks are 256 rows, so these windows cross shards.
+    for causal, window, softcap, with_sinks in ((False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False),
+                                                (True, (300, -1), 0.0, True), (False, (100, 400), 30.0, False)):
         for sharding in ("zigzag", "contiguous"):
             g = torch.Generator(device="cuda").manual_seed(1234)
             b, n, h, hk, d = 2, 512 * world, 8, 2, 128
@@ -40,7 +40,8 @@ def main():
             v = torch.randn(b, n, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
             w_out = torch.randn(b, n, h, d, device="cuda", dtype=torch.float64, generator=g)
             w_lse = torch.randn(b, h, n, device="cuda", dtype=torch.float64, generator=g)
-            variant = dict(window_size=window, softcap=softcap)
+            sinks = torch.randn(h, device="cuda", generator=g) if with_sinks else None
+            variant = dict(window_size=window, softcap=softcap, sinks=sinks)
             ref = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, **variant), q.double(), k.double(),
                         v.double(), w_out, w_lse)
             low = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.bfloat16, **variant),
@@ -61,7 +62,7 @@ def main():
             # Forward: k and v, sent and received, at every step but the last. Backward: the
             # same for k and v, plus dk and dv sent and received at every step.
             expected = 4 * (world - 1) + 4 * (world - 1) + 4 * world
-            what = f"{sharding} causal={causal} window={window} softcap={softcap}"
+            what = f"{sharding} causal={causal} window={window} softcap={softcap} sinks={with_sinks}"
             if sum(ops_before) != expected:
                 failures.append(f"{what}: {sum(ops_before)} P2P ops, designed {expected}")
             names = ("out", "lse", "dq", "dk", "dv")

@@ -88,3 +88,37 @@ def test_packed_forms_equal_the_unpacked_call_with_gradients():
 def test_version_is_pyproject_s():
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     assert fattn.__version__ == pyproject["project"]["version"]
+
+
+# flash-attn 2.8's flash_attn_with_kvcache parameters, in order.
+FLASH_ATTN_KVCACHE_PARAMS = ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+                             "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal",
+                             "window_size", "softcap", "rotary_interleaved", "alibi_slopes", "num_splits",
+                             "return_softmax_lse"]
+
+
+def test_kvcache_positional_order_is_flash_attn_s():
+    assert _positional(fattn.flash_attn_with_kvcache) == FLASH_ATTN_KVCACHE_PARAMS
+    assert _keyword_only(fattn.flash_attn_with_kvcache) == ["return_lse", "sinks"]
+
+
+def test_a_kvcache_call_ported_from_flash_attn_means_the_same():
+    q = torch.randn(2, 1, 4, 16, dtype=torch.float64)
+    k_cache, v_cache = (torch.randn(2, 32, 2, 16, dtype=torch.float64) for _ in range(2))
+    seqlens = torch.tensor([5, 20], dtype=torch.int32)
+    # flash_attn_with_kvcache(q, k_cache, v_cache, None, None, None, None, cache_seqlens, None, None, None,
+    #                         0.5, True, (-1, -1), 0.0, True, None, 0, True)
+    ported = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, None, None, None, None, seqlens, None, None, None, 0.5,
+                                           True, (-1, -1), 0.0, True, None, 0, True)
+    want = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, softmax_scale=0.5, causal=True,
+                                         return_lse=True)
+    for got, expected in zip(ported, want):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad"])
+def test_kvcache_arguments_not_supported_yet_raise(name):
+    q = torch.randn(1, 1, 2, 16)
+    k_cache = torch.randn(1, 16, 2, 16)
+    with pytest.raises(NotImplementedError, match=name):
+        fattn.flash_attn_with_kvcache(q, k_cache, k_cache.clone(), **{name: torch.zeros(1, dtype=torch.int32)})

@@ -27,20 +27,27 @@ def flash_attn_with_kvcache(
     v_cache: torch.Tensor,
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
     cache_seqlens: torch.Tensor | int | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
-    num_splits: int = 0,
-    return_lse: bool = False,
-    *,
+    rotary_interleaved: bool = True,
     alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    return_lse: bool = False,
     sinks: torch.Tensor | None = None,
 ):
-    """Attention of a few new query tokens over a KV cache (flash decoding), in
-    flash-attn's conventions. Inference only (no autograd).
+    """Attention of a few new query tokens over a KV cache (flash decoding), with flash-attn
+    2.8's parameters in its positional order (fattn's extras are keyword-only, after them).
+    Inference only (no autograd).
 
     Args:
         q: [batch, seqlen_q, heads, head_dim] with 1 <= seqlen_q <= 16 (speculative
@@ -51,6 +58,9 @@ def flash_attn_with_kvcache(
         k, v: optional new tokens [batch, seqlen_new, kv_heads, head_dim], written into the
            cache at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before
            attending. cache_seqlens itself is not advanced: that is the caller's job.
+        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad: flash-attn's rotary embedding,
+           cache row indirection and left padding; not supported yet (raise if given).
+        rotary_interleaved: flash-attn's rotary layout; ignored without rotary_cos.
         cache_seqlens: int32 [batch] (or an int for every sequence): keys already in each
            sequence's cache. None means every sequence fills its cache.
         block_table: int32 [batch, pages_per_seq]: key j of sequence b lives in page
@@ -63,8 +73,9 @@ def flash_attn_with_kvcache(
         num_splits: split-K chunks per sequence on CUDA; 0 picks them from the shapes and
            the SM count. The grid never depends on cache_seqlens' values, so a decode step
            can be captured in a CUDA graph and replayed with new lengths.
-        return_lse: also return lse, float32 [batch, heads, seqlen_q].
-        alibi_slopes: (keyword) float32 [heads] or [batch, heads]: key j of query t gets
+        return_softmax_lse: also return lse, float32 [batch, heads, seqlen_q].
+        return_lse: (keyword) the same, fattn's name for it elsewhere.
+        alibi_slopes: float32 [heads] or [batch, heads]: key j of query t gets
            -slope * |t + seqlen_k - seqlen_q - j| after the softcap, as in flash_attn_func.
         sinks: (keyword) float32 [heads]: one logit per head in every row's denominator, as
            in flash_attn_func (counted once, whatever num_splits is).
@@ -77,6 +88,10 @@ def flash_attn_with_kvcache(
     block_table entries are not detected (checking either needs the device's values,
     a host sync); the CPU implementation raises for both.
     """
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad)):
+        if value is not None:  # taken in flash-attn's position so that a ported call cannot shift the others
+            raise NotImplementedError(f"fattn.flash_attn_with_kvcache: {name} is not supported yet; pass None")
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     left, right = window_pair("flash_attn_with_kvcache", window_size)
@@ -84,7 +99,7 @@ def flash_attn_with_kvcache(
         check_caches_can_take_the_append(k_cache, v_cache)
     out, lse = _decode_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, left, right,
                           softcap, num_splits, alibi_slopes, sinks)
-    return (out, lse) if return_lse else out
+    return (out, lse) if return_lse or return_softmax_lse else out
 
 
 # ---------------------------------------------------------------- fake

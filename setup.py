@@ -268,7 +268,7 @@ class WheelForEveryPython(bdist_wheel):
 
 setup(
     package_dir={"": "python"},
-    packages=["fattn"],
+    packages=["fattn", "fattn.integrations"],
     ext_modules=[Extension("fattn.libfattn", sources=[])],
     cmdclass={"build_ext": BuildFattn, "bdist_wheel": WheelForEveryPython},
 )

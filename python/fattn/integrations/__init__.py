@@ -1,0 +1,1 @@
+"""Adapters that plug fattn into other libraries; each imports its library only when imported."""

@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from .common import (
-    LOG2E, alibi_slope_log2, edge_tile_start, edge_tiles_stop, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span,
-    visible_key_range, visible_query_range,
+    LOG2E, alibi_slope_log2, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at,
+    tile_loop_bounds, visible_key_range, visible_query_range,
 )
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
 
@@ -96,15 +96,9 @@ def _dkdv_query_tiles(
     MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop. kv_seg: the tile's
     keys' segment ids."""
     offs_m = tl.arange(0, BLOCK_M)
-    if MASKED:
-        start, stop = lo, edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK_M)
-    else:
-        start, stop = full_lo, full_hi
+    start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_M, MASKED)
     for tile in range(start, stop, BLOCK_M):
-        if MASKED:
-            start_m = edge_tile_start(tile, full_lo, full_hi)
-        else:
-            start_m = tile
+        start_m = tile_at(tile, full_lo, full_hi, MASKED)
         rows = start_m + offs_m
         q = _load_rows(q_base, rows, stride_qs, offs_d, seqlen_q, head_dim, PAD_D)
         do = _load_rows(do_base, rows, stride_dos, offs_d, seqlen_q, head_dim, PAD_D)
@@ -207,15 +201,9 @@ def _dq_key_tiles(
     """Adds key tiles to this query tile's dQ: the fully visible [full_lo, full_hi), or,
     MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop."""
     offs_n = tl.arange(0, BLOCK_N)
-    if MASKED:
-        start, stop = lo, edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK_N)
-    else:
-        start, stop = full_lo, full_hi
+    start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
     for tile in range(start, stop, BLOCK_N):
-        if MASKED:
-            start_n = edge_tile_start(tile, full_lo, full_hi)
-        else:
-            start_n = tile
+        start_n = tile_at(tile, full_lo, full_hi, MASKED)
         cols = start_n + offs_n
         k = _load_rows(k_base, cols, stride_ks, offs_d, seqlen_k, head_dim, PAD_D)
         v = _load_rows(v_base, cols, stride_vs, offs_d, seqlen_k, head_dim, PAD_D)

@@ -201,18 +201,27 @@ def visible_key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
 
 
 @triton.jit
-def edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK: tl.constexpr):
-    """One masked loop covers both edges of a visible range: iterating a tile start over
-    [lo, edge_tiles_stop) with edge_tile_start maps the first (full_lo - lo) onto the left
-    edge [lo, full_lo) and the rest onto the right edge [full_hi, hi). One loop body instead
-    of two halves the code the masks compile into (the build time of every variant)."""
-    return lo + tl.maximum(full_lo - lo, 0) + tl.cdiv(tl.maximum(hi - full_hi, 0), BLOCK) * BLOCK
+def tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    """(start, stop) of a loop over tiles of a visible range (visible_key_range's or
+    visible_query_range's four bounds): the fully visible [full_lo, full_hi), or, MASKED, both
+    edges [lo, full_lo) and [full_hi, hi) in one loop, whose index tile_at maps onto the left
+    edge first and then jumps to the right. One masked loop body instead of two halves the code
+    the masks compile into (the build time of every variant)."""
+    if MASKED:
+        start = lo
+        stop = lo + tl.maximum(full_lo - lo, 0) + tl.cdiv(tl.maximum(hi - full_hi, 0), BLOCK) * BLOCK
+    else:
+        start = full_lo
+        stop = full_hi
+    return start, stop
 
 
 @triton.jit
-def edge_tile_start(start, full_lo, full_hi):
-    """The tile that loop index `start` of the edge loop (see edge_tiles_stop) visits."""
-    return tl.where(start < full_lo, start, start - full_lo + full_hi)
+def tile_at(index, full_lo, full_hi, MASKED: tl.constexpr):
+    """The first row or key of the tile that loop index `index` visits (see tile_loop_bounds)."""
+    if MASKED:
+        index = tl.where(index < full_lo, index, index - full_lo + full_hi)
+    return index
 
 
 @triton.jit

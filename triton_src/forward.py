@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from .common import (
-    alibi_slope_log2, edge_tile_start, edge_tiles_stop, initial_softmax_state, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, softmax_finish,
-    softmax_step, visible_key_range,
+    alibi_slope_log2, initial_softmax_state, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span,
+    softmax_finish, softmax_step, tile_at, tile_loop_bounds, visible_key_range,
 )
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
 
@@ -52,15 +52,9 @@ def _attend_key_tiles(
     the keys' ids at kv_seg_base); the others are visible to every row.
     """
     d_in_range = offs_d < head_dim
-    if MASKED:
-        start, stop = lo, edge_tiles_stop(lo, full_lo, full_hi, hi, BLOCK_N)
-    else:
-        start, stop = full_lo, full_hi
+    start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
     for tile in range(start, stop, BLOCK_N):
-        if MASKED:
-            start_n = edge_tile_start(tile, full_lo, full_hi)
-        else:
-            start_n = tile
+        start_n = tile_at(tile, full_lo, full_hi, MASKED)
         cols = start_n + offs_n
         k_ptrs = k_tile_ptrs + tl.cast(start_n, tl.int64) * stride_ks
         v_ptrs = v_tile_ptrs + tl.cast(start_n, tl.int64) * stride_vs

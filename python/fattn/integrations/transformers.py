@@ -63,7 +63,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return fattn.flash_attn_func(q, k, v, dropout, sinks=sinks, **options), None
     mask = attention_mask[:, -k.shape[1]:].bool()
     k_rows, cu_k, max_k = _offsets(mask)
-    q_rows, cu_q, max_q = _offsets(mask[:, -q.shape[1]:])  # queries are the last positions (left padding)
+    if q.shape[1] == k.shape[1]:  # prefill: the same tokens (and one host read of the longest, not two)
+        q_rows, cu_q, max_q = k_rows, cu_k, max_k
+    else:  # queries are the last positions (left padding)
+        q_rows, cu_q, max_q = _offsets(mask[:, -q.shape[1]:])
     out = fattn.flash_attn_varlen_func(_packed(q, q_rows), _packed(k, k_rows), _packed(v, k_rows), cu_q, cu_k, max_q,
                                        max_k, dropout, sinks=sinks, **options)
     padded = out.new_zeros(q.shape[0] * q.shape[1], *out.shape[1:])

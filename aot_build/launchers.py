@@ -20,7 +20,7 @@ from __future__ import annotations
 FLAG_BITS = 8  # one byte per flag value in a table key
 DERIVED_FLAGS = ("PAD_D",)  # chosen from head_dim, not by the op
 
-_FIELD_TYPES = {"*T": "const void*", "*fp32": "const void*", "*i32": "const void*",
+_FIELD_TYPES = {"*T": "const void*", "*fp32": "const void*", "*i32": "const void*", "*i64": "const void*",
                 "i32": "int64_t", "i64": "int64_t", "fp32": "double"}
 _REQUIRED = "runtime::Required<{}>"
 

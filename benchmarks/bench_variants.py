@@ -16,6 +16,9 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
   the longest, run by fattn's dense call and by SDPA's flash and cuDNN backends (no padding
   mask: what a dense kernel computes at best; a mask would only add work). FLOPs count the
   real sequences' visible pairs, so the padded runs' TFLOP/s show the waste.
+- bias: an additive bias [1, heads, s, s] and a boolean mask [batch, 1, s, s] at --bias-seqlen,
+  against SDPA's memory-efficient and cuDNN backends given the same attn_mask and against
+  fattn's plain run; the score_mod study also times dropout 0.1 (beside SDPA flash's dropout).
 - head_dim: what padding costs a head dim that is not a multiple of 8 (the public functions pad
   q, k and v with zero columns): causal attention at each of --pad-head-dims against the same
   problem at the padded head dim, where no copy is needed; --tokens per step, 16 heads.
@@ -128,17 +131,22 @@ def score_mod_study(results, args, flex, direction):
     for causal in (False, True):
         plain_case = None
         sinks = torch.randn(h, device=args.device)
-        for mod, softcap, alibi, sink in (("plain", 0.0, None, None), ("softcap", 30.0, None, None),
-                                          ("alibi", 0.0, slopes, None), ("softcap+alibi", 30.0, slopes, None),
-                                          ("sinks", 0.0, None, sinks)):
+        for mod, softcap, alibi, sink, p in (("plain", 0.0, None, None, 0.0), ("softcap", 30.0, None, None, 0.0),
+                                             ("alibi", 0.0, slopes, None, 0.0),
+                                             ("softcap+alibi", 30.0, slopes, None, 0.0), ("sinks", 0.0, None, sinks, 0.0),
+                                             ("dropout0.1", 0.0, None, None, 0.1)):
             case = {"study": "score_mod", "pass": direction, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                     "causal": causal, "mod": mod}
-            impls = {"fattn": lambda q, k, v, c=causal, cap=softcap, a=alibi, s=sink: fattn.flash_attn_func(
-                q, k, v, causal=c, softcap=cap, alibi_slopes=a, sinks=s)}
+            impls = {"fattn": lambda q, k, v, c=causal, cap=softcap, a=alibi, s=sink, p=p: fattn.flash_attn_func(
+                q, k, v, p, causal=c, softcap=cap, alibi_slopes=a, sinks=s)}
             inputs = {"fattn": (q, k, v)}
-            if flex and sink is None:  # Flex has no sink term
+            if flex and sink is None and p == 0.0:  # Flex has no sink term and no dropout
                 impls["flex"] = flex.modified(s, causal, softcap, alibi)
                 inputs["flex"] = (qt, kt, vt)
+            if p > 0:  # SDPA's flash backend drops out too (its own generator)
+                for name, backend in sdpa_peers(args.device).items():
+                    impls[name] = lambda q, k, v, c=causal, p=p, backend=backend: _sdpa(q, k, v, backend, c, None, p)
+                    inputs[name] = (qt, kt, vt)
             flops = 4 * b * h * s * s * d / (2 if causal else 1) * (2.5 if direction == "backward" else 1)
             measure(results, case, impls, direction, inputs, flops, args.reps)
             if plain_case is None:
@@ -148,8 +156,52 @@ def score_mod_study(results, args, flex, direction):
                 row = results.case_rows(case)[0]
                 if plain_ms and row["ms"]:
                     row["vs_plain"] = row["ms"] / plain_ms
-            results.compare(case, peers=["flex"])
+            results.compare(case, peers=["flex", *sdpa_peers(args.device)])
             results.write(args.out)
+
+
+def _sdpa(q, k, v, backend, causal, mask, dropout_p=0.0):
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                                is_causal=causal)
+
+
+BIAS_PEERS = {"sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
+
+
+def bias_study(results, args, direction):
+    """An additive bias [1, heads, s, s] (bf16, differentiable in the backward) and a boolean mask
+    [batch, 1, s, s] at --bias-seqlen: fattn against SDPA's memory-efficient and cuDNN backends
+    given the same attn_mask, and against fattn's plain run."""
+    from torch.nn.attention import SDPBackend
+
+    d, s = args.head_dim, args.bias_seqlen
+    h, b = args.hidden // d, max(1, args.tokens // s)
+    q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    bias = torch.randn(1, h, s, s, device=args.device, dtype=torch.bfloat16)
+    mask = torch.rand(b, 1, s, s, device=args.device) > 0.2
+    peers = {name: getattr(SDPBackend, backend) for name, backend in BIAS_PEERS.items()} \
+        if args.device == "cuda" else sdpa_peers(args.device)
+    plain_case = {"study": "bias", "pass": direction, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
+                  "bias": "none"}
+    measure(results, plain_case, {"fattn": lambda q, k, v: fattn.flash_attn_func(q, k, v)}, direction,
+            {"fattn": (q, k, v)}, 4 * b * h * s * s * d * (2.5 if direction == "backward" else 1), args.reps)
+    for kind, tensor in (("bias-1hqk", bias), ("mask-b1qk", mask)):
+        case = dict(plain_case, bias=kind)
+        differentiable = direction == "backward" and tensor.is_floating_point()
+        impls = {"fattn": lambda q, k, v, *b: fattn.flash_attn_func(q, k, v, bias=b[0] if b else tensor)}
+        inputs = {"fattn": (q, k, v, tensor) if differentiable else (q, k, v)}
+        for name, backend in peers.items():
+            impls[name] = lambda q, k, v, *b, backend=backend: _sdpa(q, k, v, backend, False, b[0] if b else tensor)
+            inputs[name] = (qt, kt, vt, tensor) if differentiable else (qt, kt, vt)
+        measure(results, case, impls, direction, inputs, 4 * b * h * s * s * d * (2.5 if direction == "backward" else 1),
+                args.reps)
+        plain_ms, row = results.case_rows(plain_case)[0]["ms"], results.case_rows(case)[0]
+        if plain_ms and row["ms"]:
+            row["vs_plain"] = row["ms"] / plain_ms
+        results.compare(case, peers=list(peers))
+        results.write(args.out)
 
 
 def varlen_study(results, args, direction):
@@ -217,7 +269,8 @@ def parse_args(argv):
     parser.add_argument("--varlen-batch", type=int, default=8)
     parser.add_argument("--varlen-max-seqlen", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0, help="the varlen study's lengths")
-    parser.add_argument("--studies", default="window,score_mod,varlen,head_dim")
+    parser.add_argument("--studies", default="window,score_mod,varlen,head_dim,bias")
+    parser.add_argument("--bias-seqlen", type=int, default=4096)
     parser.add_argument("--pad-head-dims", default="59,100")
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--reps", type=int, default=30)
@@ -227,7 +280,7 @@ def parse_args(argv):
     if args.quick:
         args.head_dim, args.hidden, args.window_seqlen, args.windows = 64, 128, 256, "16,64"
         args.mod_seqlen, args.tokens, args.reps, args.no_flex = 128, 256, 2, True
-        args.varlen_batch, args.varlen_max_seqlen, args.pad_head_dims = 3, 100, "13"
+        args.varlen_batch, args.varlen_max_seqlen, args.pad_head_dims, args.bias_seqlen = 3, 100, "13", 128
     return args
 
 
@@ -246,6 +299,8 @@ def main(argv=None):
             varlen_study(results, args, direction)
         if "head_dim" in studies:
             head_dim_study(results, args, direction)
+        if "bias" in studies:
+            bias_study(results, args, direction)
     print_summary(results)
     print(f"wrote {args.out}")
 
@@ -268,6 +323,11 @@ def print_summary(results):
              for r in results.rows if r["study"] == "head_dim" and r["impl"] == "fattn"]
     print_table(["pass", "head dim", "padded", "fattn ms", "/at padded dim"], lines,
                 title="\nhead dims that are not a multiple of 8: time over the same problem at the padded dim")
+    lines = [[r["pass"], r["seqlen"], r["bias"], r["ms"], r["tflops"] and f"{r['tflops']:.1f}", r.get("vs_plain"),
+              *(r["ratio_vs"].get(peer) for peer in BIAS_PEERS)]
+             for r in results.rows if r["study"] == "bias" and r["impl"] == "fattn" and r["bias"] != "none"]
+    print_table(["pass", "seqlen", "bias", "fattn ms", "TFLOP/s", "vs plain", "/sdpa eff", "/sdpa cudnn"], lines,
+                title="\nbias: time ratio of fattn over SDPA given the same attn_mask (< 1: fattn faster)")
 
 
 if __name__ == "__main__":

@@ -20,19 +20,26 @@ using torch::stable::Tensor;
 // `deterministic` is not used by the forward; autograd saves it for the backward.
 // `sinks` (float32 [heads], optional) is a forward argument only: the backward sees it through lse.
 #define FATTN_SEGMENT_ARGS std::optional<Tensor> q_segment_ids, std::optional<Tensor> kv_segment_ids
+// `bias` (attention/bias.h) takes the dense layout only; dropout (attention/dropout.h) needs
+// `dropout_seed` when dropout_p > 0, and the backward the same seed and dropout_p.
+#define FATTN_DROPOUT_ARGS double dropout_p, std::optional<Tensor> dropout_seed
 #define FATTN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, std::optional<double> softmax_scale, bool causal, \
-                           bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> sinks
+                           bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> sinks, \
+                           std::optional<Tensor> bias, FATTN_DROPOUT_ARGS
 std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 
-// fattn::backward: (dq, dk, dv), contiguous, in the inputs' dtype and shapes. `dlse` is the
-// gradient flowing into the forward's lse (optional). Every mode is deterministic today (no
-// atomics); `deterministic` keeps the contract explicit.
+// fattn::backward: (dq, dk, dv, dbias); dq, dk, dv contiguous, in the inputs' dtype and shapes.
+// `dlse` is the gradient flowing into the forward's lse (optional). dbias, with bias_grad, is
+// d loss / d bias before any broadcast: [batch, heads, seqlen_q, seqlen_k] in lse's dtype (the
+// caller sums the bias's broadcast dims); without, an empty [0] tensor. Every mode is
+// deterministic today (no atomics); `deterministic` keeps the contract explicit.
 #define FATTN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
                             std::optional<Tensor> dlse, std::optional<double> softmax_scale, bool causal, \
-                            bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS
-std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS);
-std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
+                            bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> bias, \
+                            bool bias_grad, FATTN_DROPOUT_ARGS
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS);
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
 
 // fattn::varlen_forward / varlen_backward: the same over packed sequences, q [total_q,
 // heads, head_dim], k/v [total_k, kv_heads, head_dim], sequence b at rows [cu_seqlens[b],
@@ -42,11 +49,11 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
                           std::optional<Tensor> seqused_k
 #define FATTN_VARLEN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, FATTN_VARLEN_ARGS, \
                                   std::optional<double> softmax_scale, bool causal, bool deterministic, \
-                                  FATTN_VARIANT_ARGS, std::optional<Tensor> sinks
+                                  FATTN_VARIANT_ARGS, std::optional<Tensor> sinks, FATTN_DROPOUT_ARGS
 #define FATTN_VARLEN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
                                    std::optional<Tensor> dlse, FATTN_VARLEN_ARGS, \
                                    std::optional<double> softmax_scale, bool causal, bool deterministic, \
-                                   FATTN_VARIANT_ARGS
+                                   FATTN_VARIANT_ARGS, FATTN_DROPOUT_ARGS
 std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_ARGS);

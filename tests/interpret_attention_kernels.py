@@ -3,7 +3,8 @@
 test_attention_kernels_interpreted.py in a fresh process, because Triton reads
 TRITON_INTERPRET when the kernels are decorated.
 
-Dense cases compare with fattn::forward/backward, packed (varlen) cases, random sequence
+Dense cases compare with fattn::forward/backward (the bias cases also dbias; the dropout cases
+draw the same keep-mask from the same seed on both sides), packed (varlen) cases, random sequence
 lengths with and without seqused_k, with fattn::varlen_forward/varlen_backward. The
 launches are triton_src/python_launch.py's, which mirror csrc/attention/forward_cuda.cpp and
 backward_cuda.cpp through the kernels' specs.
@@ -35,14 +36,17 @@ from triton_src.python_launch import (  # noqa: E402
 TILES = Tiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
-def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None, sinks=None):
-    """(out, lse, dq, dk, dv) from the kernels; packing: None (dense) or a Packing."""
-    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, segments=segments, sinks=sinks)
+def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None, sinks=None, bias=None,
+           dropout_p=0.0, dropout_seed=None):
+    """(out, lse, dq, dk, dv) from the kernels, and dbias with a bias; packing: None (dense) or a
+    Packing."""
+    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, segments=segments, sinks=sinks,
+                      bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
     out, lse = forward(q, k, v, TILES, variant, packing)
     delta = backward_preprocess(out, dout, lse, dlse, TILES, packing)
-    dk, dv = backward_dkdv(q, k, v, dout, lse, delta, TILES, variant, packing)
+    dk, dv, *dbias = backward_dkdv(q, k, v, dout, lse, delta, TILES, variant, packing, want_dbias=bias is not None)
     dq = backward_dq(q, k, v, dout, lse, delta, TILES, variant, packing)
-    return out, lse, dq, dk, dv
+    return (out, lse, dq, dk, dv, *dbias)
 
 
 CASES = [
@@ -64,6 +68,10 @@ CASES = [
     ("segments-window-softcap-sq-below-sk", 37, 58, 2, 2, 24, False, (9, 3), 2.0, "segments"),
     ("sinks-causal-sq-above-sk-gqa2", 53, 37, 4, 2, 16, True, (-1, -1), 0.0, "sinks"),
     ("sinks-window-softcap", 45, 61, 2, 2, 16, False, (5, 3), 1.5, "sinks"),
+    ("bias-heads-broadcast-causal", 41, 53, 4, 2, 16, True, (-1, -1), 0.0, "bias"),
+    ("bias-window-softcap-alibi", 45, 37, 2, 2, 24, False, (9, 4), 2.0, "bias-alibi"),
+    ("dropout-gqa2", 37, 53, 4, 2, 16, False, (-1, -1), 0.0, "dropout"),
+    ("dropout-bias-causal-window", 50, 50, 2, 1, 16, True, (12, -1), 1.5, "bias-dropout"),
 ]
 
 PACKED_CASES = [
@@ -72,14 +80,25 @@ PACKED_CASES = [
     ("varlen-causal-q-and-k-differ", 5, 2, 2, 24, True, (-1, -1), 0.0, None, False, False),
     ("varlen-window-softcap-alibi", 3, 4, 1, 16, False, (6, 2), 2.0, "batch", False, True),
     ("varlen-seqused-k-causal", 4, 2, 2, 16, True, (-1, -1), 0.0, None, True, False),
+    ("varlen-dropout-causal", 4, 2, 2, 16, True, (-1, -1), 0.0, "dropout", False, False),
 ]
 
 
 def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind):
     """alibi_kind "segments" gives segment ids instead: random cuts, shared by q and k's ends;
-    "sinks" gives sinks."""
+    "sinks" gives sinks; "bias" a [batch, 1, seqlen_q, seqlen_k] bias with -inf entries and a row
+    all -inf ("bias-alibi" with ALiBi slopes too); "dropout" dropout 0.3 ("bias-dropout" both)."""
     batch = 2
-    segments = sinks = None
+    segments = sinks = bias = dropout_seed = None
+    dropout_p = 0.0
+    if alibi_kind is not None and "dropout" in alibi_kind:
+        dropout_p, dropout_seed = 0.3, torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64)
+        alibi_kind = alibi_kind.replace("dropout", "").strip("-") or None
+    if alibi_kind is not None and alibi_kind.startswith("bias"):
+        bias = torch.randn(batch, 1, seqlen_q, seqlen_k)
+        bias[torch.rand(bias.shape) < 0.2] = float("-inf")
+        bias[0, 0, 3] = float("-inf")
+        alibi_kind = "heads" if alibi_kind == "bias-alibi" else None
     if alibi_kind == "sinks":
         sinks = torch.randn(heads)
         alibi_kind = None
@@ -96,13 +115,19 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     dlse = torch.randn(batch, heads, seqlen_q)
     alibi = None if alibi_kind is None else torch.rand((heads,) if alibi_kind == "heads" else (batch, heads)) * 0.3
     options = (causal, False, window[0], window[1], softcap, alibi, *(segments or (None, None)))
-    want_out, want_lse = torch.ops.fattn.forward(q.double(), k.double(), v.double(), None, *options, sinks)
+    bias64 = None if bias is None else bias.double()
+    want_out, want_lse = torch.ops.fattn.forward(q.double(), k.double(), v.double(), None, *options, sinks, bias64,
+                                                 dropout_p, dropout_seed)
     finite = torch.isfinite(want_lse)
-    want = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
-                                    dlse.double().masked_fill(~finite, 0), None, *options)
+    *want, want_dbias = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out,
+                                                 want_lse, dlse.double().masked_fill(~finite, 0), None, *options,
+                                                 bias64, bias is not None, dropout_p, dropout_seed)
     got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments,
-                 sinks=sinks)
-    return compare(name, got, want_out, want_lse, want)
+                 sinks=sinks, bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
+    row = compare(name, got[:5], want_out, want_lse, want)
+    if bias is not None:
+        row["dbias_err"] = (got[5].double() - want_dbias).abs().max().item()
+    return row
 
 
 def packed_lengths(batch, equal):
@@ -114,6 +139,11 @@ def packed_lengths(batch, equal):
 
 
 def run_packed_case(name, batch, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind, seqused, equal):
+    """alibi_kind "dropout": dropout 0.3 instead of slopes."""
+    dropout_p, dropout_seed = 0.0, None
+    if alibi_kind == "dropout":
+        dropout_p, dropout_seed = 0.3, torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64)
+        alibi_kind = None
     lq, lk = packed_lengths(batch, equal)
     cu_q = torch.nn.functional.pad(lq.cumsum(0), (1, 0)).int()
     cu_k = torch.nn.functional.pad(lk.cumsum(0), (1, 0)).int()
@@ -127,12 +157,14 @@ def run_packed_case(name, batch, heads, kv_heads, head_dim, causal, window, soft
     max_q, max_k = int(lq.max()), int(lk.max())
     options = (None, causal, False, window[0], window[1], softcap, alibi)
     varlen = (cu_q, cu_k, max_q, max_k, used)
-    want_out, want_lse = torch.ops.fattn.varlen_forward(q.double(), k.double(), v.double(), *varlen, *options)
+    want_out, want_lse = torch.ops.fattn.varlen_forward(q.double(), k.double(), v.double(), *varlen, *options, None,
+                                                        dropout_p, dropout_seed)
     finite = torch.isfinite(want_lse)
     dlse = torch.randn(heads, q.shape[0]).masked_fill(~finite, 0)
     want = torch.ops.fattn.varlen_backward(dout.double(), q.double(), k.double(), v.double(), want_out, want_lse,
-                                           dlse.double(), *varlen, *options)
-    got = launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=Packing(cu_q, cu_k, max_q, max_k, used))
+                                           dlse.double(), *varlen, *options, dropout_p, dropout_seed)
+    got = launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=Packing(cu_q, cu_k, max_q, max_k, used),
+                 dropout_p=dropout_p, dropout_seed=dropout_seed)
     return compare(name, got, want_out, want_lse, want)
 
 

@@ -7,7 +7,8 @@ derivative, ALiBi and rows outside every window are checked in the Triton source
 device runs the compiled cubins (test_variants_gpu.py); and the packed (varlen) addressing:
 each program's sequence span, tiles past a short sequence's end, lse in [heads, total_q],
 seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py); and
-segment ids, which mask every tile."""
+segment ids, which mask every tile; the additive bias (with -inf entries, rows masked
+entirely, dbias) and dropout, whose keep-mask the kernels and the CPU op draw from one seed."""
 
 from pathlib import Path
 
@@ -21,8 +22,9 @@ CASES = [
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
     "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
     "segments-causal", "segments-window-softcap-sq-below-sk", "sinks-causal-sq-above-sk-gqa2",
-    "sinks-window-softcap", "varlen-gqa2", "varlen-causal-q-and-k-differ",
-    "varlen-window-softcap-alibi", "varlen-seqused-k-causal",
+    "sinks-window-softcap", "bias-heads-broadcast-causal", "bias-window-softcap-alibi", "dropout-gqa2",
+    "dropout-bias-causal-window", "varlen-gqa2", "varlen-causal-q-and-k-differ",
+    "varlen-window-softcap-alibi", "varlen-seqused-k-causal", "varlen-dropout-causal",
 ]
 
 
@@ -39,6 +41,8 @@ def test_every_case_ran(interpreted):
     assert rows["causal-sq-above-sk"]["empty_rows"] > 0
     assert rows["window0-0-sq-above-sk"]["empty_rows"] > 0
     assert rows["varlen-seqused-k-causal"]["empty_rows"] > 0
+    # A row whose bias is -inf for every key is empty too.
+    assert rows["bias-heads-broadcast-causal"]["empty_rows"] > 0
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -50,3 +54,7 @@ def test_kernels_match_cpu_ops(interpreted, case):
         assert r[f"{name}_err"] < 2e-5, f"seed {seed} {case}: {name} error {r[f'{name}_err']}"
     assert r["lse_pattern"], f"seed {seed} {case}: the -inf rows of lse differ"
     assert r["lse_err"] < 2e-5, f"seed {seed} {case}: lse error {r['lse_err']}"
+    if "dbias_err" in r:  # the bias's gradient (dS) as the dK/dV kernel writes it
+        assert r["dbias_err"] < 2e-5, f"seed {seed} {case}: dbias error {r['dbias_err']}"
+    else:
+        assert not case.startswith("bias"), f"{case}: no dbias was compared"

@@ -24,7 +24,7 @@ def test_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_func) == FLASH_ATTN_PARAMS
     assert _positional(fattn.flash_attn_qkvpacked_func) == ["qkv"] + FLASH_ATTN_PARAMS[3:]
     assert _positional(fattn.flash_attn_kvpacked_func) == ["q", "kv"] + FLASH_ATTN_PARAMS[3:]
-    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids", "sinks"]
+    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids", "sinks", "bias"]
 
 
 def _keyword_only(fn):
@@ -62,12 +62,16 @@ def test_return_attn_probs_gives_out_lse_none():
 
 
 @pytest.mark.parametrize("fn", ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"])
-def test_dropout_raises_until_implemented(fn):
-    q = torch.randn(1, 5, 2, 16)
+def test_dropout_p_in_fourth_place_drops_and_manual_seed_reproduces_it(fn):
+    q = torch.randn(1, 5, 2, 16, dtype=torch.float64)
     args = {"flash_attn_func": (q, q, q), "flash_attn_qkvpacked_func": (torch.stack([q, q, q], 2),),
             "flash_attn_kvpacked_func": (q, torch.stack([q, q], 2))}[fn]
-    with pytest.raises(NotImplementedError, match="fattn.flash_attn_func: dropout_p=0.1"):
-        getattr(fattn, fn)(*args, 0.1)
+    torch.manual_seed(3)
+    dropped = getattr(fattn, fn)(*args, 0.5)
+    torch.manual_seed(3)
+    again = getattr(fattn, fn)(*args, 0.5)
+    assert torch.equal(dropped, again)
+    assert not torch.allclose(dropped, getattr(fattn, fn)(*args, 0.0))
 
 
 def test_packed_forms_equal_the_unpacked_call_with_gradients():

@@ -13,18 +13,23 @@ Three launches, none with atomics, so every mode is bitwise reproducible:
 With S = scale * Q K^T and P = softmax(S): dP = dO V^T, dS = P * (dP - delta),
 dQ = scale * dS K, dK = scale * dS^T Q. Scores use the log2 domain as in the forward
 (qk_scale = scale * log2(e)); the natural-log lse is converted once per tile. Masks,
-window ranges, softcap and ALiBi are the forward's (triton_src/common.py); the softcap
-multiplies dS by its derivative 1 - tanh^2 before the products with Q and K.
+window ranges, softcap, ALiBi, the bias and the dropout mask are the forward's
+(triton_src/common.py); the softcap multiplies dS by its derivative 1 - tanh^2 before the
+products with Q and K. With dropout (keep mask Z, kept with probability 1 - p):
+dV = (P * Z)^T dO / (1 - p), dP = (dO V^T) * Z / (1 - p), and delta uses the dropped out.
+The bias's gradient is dS itself (dkdv writes it; the op sums broadcast dims).
 """
 
 import triton
 import triton.language as tl
 
 from .common import (
-    LOG2E, alibi_slope_log2, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at,
-    tile_loop_bounds, visible_key_range, visible_query_range,
+    LOG2E, alibi_slope_log2, bias_log2, dropout_keep, every_tile_masked, key_visible, mask_every_tile,
+    modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds, visible_key_range, visible_query_range,
 )
-from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
+from .spec import (
+    KernelSpec, Param, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view,
+)
 
 @triton.jit
 def attn_bwd_preprocess(
@@ -89,12 +94,17 @@ def _dkdv_query_tiles(
     stride_qs, stride_dos, offs_n, offs_d,
     lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg_base, kv_seg, use_segments,
-    BLOCK_M: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
+    bias_base, stride_biasq, use_bias, dbias_base, stride_dbiasq, write_dbias,
+    seed, batch, head, start_n, dropout_threshold, dropout_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     """Adds query rows of one head to this key tile's dK, dV (transposed math: the key tile is
     the M side of every product): the rows that see the whole tile, [full_lo, full_hi), or,
     MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop. kv_seg: the tile's
-    keys' segment ids."""
+    keys' segment ids. MASKED SCORE_MOD tiles add the bias, write dS as d bias (write_dbias
+    != 0) and apply the forward's dropout mask: dV takes the kept probabilities, dP is kept
+    and rescaled the same way, dS = P * (dP - delta)."""
     offs_m = tl.arange(0, BLOCK_M)
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_M, MASKED)
     for tile in range(start, stop, BLOCK_M):
@@ -107,16 +117,32 @@ def _dkdv_query_tiles(
         qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
         if SCORE_MOD:
             qk_t, dcap_t = modified_scores(qk_t, rows[None, :], offs_n[:, None], diagonal, softcap_log2, alibi_log2)
+            if MASKED:
+                if use_bias != 0:
+                    qk_t += bias_log2(bias_base, stride_biasq, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k)
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if MASKED:
             visible = key_visible(rows[None, :], offs_n[:, None], seqlen_k, diagonal, window_left, window_right)
             q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
             visible = visible & (kv_seg[:, None] == q_seg[None, :])
             p_t = tl.where(visible, p_t, 0.0)
-        dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))
+        p_kept_t = p_t
+        if SCORE_MOD:
+            if MASKED:
+                if dropout_threshold > 0:
+                    keep_t = tl.trans(dropout_keep(seed, batch, head, rows, start_n, dropout_threshold,
+                                                   BLOCK_M, BLOCK_N))
+                    p_kept_t = tl.where(keep_t, p_t * dropout_scale, 0.0)
+                    dp_t = tl.where(keep_t, dp_t * dropout_scale, 0.0)
+        dv += tl.dot(p_kept_t.to(do.dtype), do)
         ds_t = p_t * (dp_t - delta[None, :])
         if SCORE_MOD:
+            if MASKED:
+                if write_dbias != 0:
+                    tl.store(dbias_base + rows[None, :].to(tl.int64) * stride_dbiasq + offs_n[:, None],
+                             ds_t.to(dbias_base.dtype.element_ty),
+                             mask=(rows < seqlen_q)[None, :] & (offs_n < seqlen_k)[:, None])
             ds_t *= dcap_t
         dk += tl.dot(ds_t.to(q.dtype), q)
     return dk, dv
@@ -136,10 +162,14 @@ def attn_bwd_dkdv(
     Alibi, stride_alibib, stride_alibih, use_alibi,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
+    Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+    DBias, stride_dbiasb, stride_dbiash, stride_dbiasq, write_dbias,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
-    """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch)."""
+    """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch). Bias and dropout as in attn_fwd; with
+    write_dbias != 0, dS (the bias's gradient, unreduced) goes to DBias, float32 [batch, heads,
+    seqlen_q, seqlen_k] (keys contiguous), which the op zero-fills: pairs no query tile visits stay 0."""
     pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -165,7 +195,13 @@ def attn_bwd_dkdv(
     diagonal = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_segments)
+    if SCORE_MOD:
+        every_tile = every_tile_masked(use_segments, use_bias, dropout_threshold)
+        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+    else:
+        every_tile = use_segments
+        seed = 0
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, every_tile)
     kv_seg = segment_ids(KvSegmentIds + batch * stride_kvsegb, offs_n, seqlen_k, use_segments)
     q_seg_base = QSegmentIds + batch * stride_qsegb
     for g in range(0, kv_group_size):
@@ -174,15 +210,21 @@ def attn_bwd_dkdv(
         do_base = DO + batch * stride_dob + head * stride_doh
         row_base = batch * stride_lseb + head * stride_lseh + q_start
         alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
+        bias_base = Bias + batch * stride_biasb + head * stride_biash
+        dbias_base = DBias + batch * stride_dbiasb + head * stride_dbiash
         # The rows that see the whole tile without a mask, then the window's two edges with it.
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
                                    diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, False, SCORE_MOD)
+                                   q_seg_base, kv_seg, use_segments, bias_base, stride_biasq, use_bias, dbias_base,
+                                   stride_dbiasq, write_dbias, seed, batch, head, start_n, dropout_threshold,
+                                   dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
                                    diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   q_seg_base, kv_seg, use_segments, BLOCK_M, PAD_D, True, SCORE_MOD)
+                                   q_seg_base, kv_seg, use_segments, bias_base, stride_biasq, use_bias, dbias_base,
+                                   stride_dbiasq, write_dbias, seed, batch, head, start_n, dropout_threshold,
+                                   dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
 
     dk *= softmax_scale
     _store_rows(DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh, dk, offs_n, stride_dks, offs_d,
@@ -196,10 +238,13 @@ def _dq_key_tiles(
     dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
     offs_m, offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
-    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
+    seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     """Adds key tiles to this query tile's dQ: the fully visible [full_lo, full_hi), or,
-    MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop."""
+    MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop (with the bias and the
+    dropout mask, as _dkdv_query_tiles)."""
     offs_n = tl.arange(0, BLOCK_N)
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
     for tile in range(start, stop, BLOCK_N):
@@ -210,6 +255,9 @@ def _dq_key_tiles(
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         if SCORE_MOD:
             qk, dcap = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
+            if MASKED:
+                if use_bias != 0:
+                    qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
         p = tl.math.exp2(qk - lse[:, None])
         if MASKED:
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -217,6 +265,11 @@ def _dq_key_tiles(
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
+        if SCORE_MOD:
+            if MASKED:
+                if dropout_threshold > 0:
+                    keep = dropout_keep(seed, batch, head, offs_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N)
+                    dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SCORE_MOD:
             ds *= dcap
@@ -237,10 +290,11 @@ def attn_bwd_dq(
     Alibi, stride_alibib, stride_alibih, use_alibi,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
+    Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
-    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch)."""
+    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias and dropout as in attn_fwd."""
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -270,16 +324,25 @@ def attn_bwd_dq(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
+    if SCORE_MOD:
+        every_tile = every_tile_masked(use_segments, use_bias, dropout_threshold)
+        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+    else:
+        every_tile = use_segments
+        seed = 0
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, every_tile)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
+    bias_base = Bias + batch * stride_biasb + head * stride_biash
     # The fully visible key tiles without a mask, then the window's two edges with it.
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
                        full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-                       alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, False, SCORE_MOD)
+                       alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
+                       seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
                        full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-                       alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
+                       alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
+                       seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 
@@ -291,7 +354,9 @@ _SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim"
           slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
           index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
           i32("use_segments"),
-          f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale")]
+          f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale"),
+          view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
+          seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale")]
 
 ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
     tensor("Out"), tensor("DO"), f32_tensor("DLse"), f32_tensor("Delta"), *strides("o"), *strides("do"),
@@ -302,6 +367,7 @@ ATTN_BWD_DKDV = KernelSpec(attn_bwd_dkdv, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"),
     tensor("DK"), tensor("DV"),
     *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"), *_PACKING, *_SHAPE,
+    Param("DBias", "*fp32"), *strides("dbias", "bhq", aligned=False), i32("write_dbias"),
 ])
 ATTN_BWD_DQ = KernelSpec(attn_bwd_dq, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ"),

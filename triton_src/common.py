@@ -115,11 +115,55 @@ def segment_ids(base, idx, n, use_segments):
 
 
 @triton.jit
-def mask_every_tile(full_lo, full_hi, hi, BLOCK: tl.constexpr, use_segments):
-    """With segment ids any tile may mix segments: an empty unmasked range, so that the first
-    (masked) loop covers the whole visible range. Returns (full_lo, full_hi)."""
+def mask_every_tile(full_lo, full_hi, hi, BLOCK: tl.constexpr, every_tile):
+    """An empty unmasked range when every_tile != 0, so that the masked loop covers the whole
+    visible range: segment ids (any tile may mix segments), a bias (any score may be -inf, so
+    any row of any tile may be empty) and dropout, whose code lives in the masked loop only so
+    that plain tiles pay nothing for it. Returns (full_lo, full_hi)."""
     end = tl.cdiv(hi, BLOCK) * BLOCK
-    return tl.where(use_segments != 0, end, full_lo), tl.where(use_segments != 0, end, full_hi)
+    return tl.where(every_tile != 0, end, full_lo), tl.where(every_tile != 0, end, full_hi)
+
+
+@triton.jit
+def every_tile_masked(use_segments, use_bias, dropout_threshold):
+    """1 when the masked loop must visit every tile (mask_every_tile), else 0."""
+    return tl.where((use_segments != 0) | (use_bias != 0) | (dropout_threshold > 0), 1, 0)
+
+
+@triton.jit
+def bias_log2(bias_base, stride_biasq, rows, cols, seqlen_q, seqlen_k):
+    """The additive bias of the scores at (rows, cols), broadcastable index tensors, in the log2
+    domain; 0 outside the sequence. bias_base points at the (batch, head)'s [seqlen_q, seqlen_k]
+    matrix, keys contiguous, stride_biasq 0 for a bias broadcast over the queries. -inf hides a
+    key (a boolean mask's False)."""
+    ptrs = bias_base + rows.to(tl.int64) * stride_biasq + cols
+    bias = tl.load(ptrs, mask=(rows < seqlen_q) & (cols < seqlen_k), other=0.0)
+    return bias.to(tl.float32) * LOG2E
+
+
+@triton.jit
+def dropout_keep(seed, batch, head, rows, start_n, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dropout keep-mask [BLOCK_M, BLOCK_N] of query rows `rows` (indices inside the sequence)
+    and keys start_n + arange(BLOCK_N) (start_n a multiple of 8).
+
+    One Philox-4x32-10 call (Triton's tl.philox, keyed by the 64-bit `seed`) per query row and
+    group of 8 keys, counter (key // 8, row, head, batch); its four 32-bit words give eight
+    16-bit draws, key 8g + 2t + s taking bits [16 s, 16 s + 16) of word t. A key is kept when
+    its draw >= threshold = round(dropout_p * 2**16). The mask depends on the element's
+    coordinates only, never on the tiling, so the backward and csrc/attention/dropout.cpp (the
+    CPU implementation) regenerate it exactly."""
+    GROUPS: tl.constexpr = BLOCK_N // 8
+    zero = rows[:, None] * 0 + tl.arange(0, GROUPS)[None, :] * 0
+    c0 = (zero + start_n // 8 + tl.arange(0, GROUPS)[None, :]).to(tl.uint32, bitcast=True)
+    c1 = (zero + rows[:, None]).to(tl.uint32, bitcast=True)
+    c2 = (zero + head).to(tl.uint32)
+    c3 = (zero + batch).to(tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, c2, c3)
+    # [rows, groups, 2, 2] with (x, y) = word 2x + y, flattened to words in order, then each
+    # word's low and high halves.
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, 4 * GROUPS])
+    draws = tl.reshape(tl.join(words & 0xFFFF, words >> 16), [BLOCK_M, BLOCK_N])
+    return draws >= threshold.to(tl.uint32)
 
 
 @triton.jit

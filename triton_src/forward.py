@@ -21,18 +21,19 @@ at the end of the keys (one loop that jumps from the left edge to the right) pay
 grows with the window, not the sequence.
 
 SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
-(-slope * |i + seqlen_k - seqlen_q - j|) to every tile; both are runtime values there,
-so one variant serves either or both.
+(-slope * |i + seqlen_k - seqlen_q - j|) to every tile, and take an additive bias and
+dropout, which mask every tile; all are runtime values there, so one variant serves any mix.
 """
 
 import triton
 import triton.language as tl
 
 from .common import (
-    alibi_slope_log2, initial_softmax_state, key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span,
-    softmax_finish, softmax_step, tile_at, tile_loop_bounds, visible_key_range,
+    alibi_slope_log2, bias_log2, dropout_keep, every_tile_masked, initial_softmax_state, key_visible, mask_every_tile,
+    modified_scores, segment_ids, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
+    visible_key_range,
 )
-from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
+from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view
 
 
 @triton.jit
@@ -42,14 +43,19 @@ def _attend_key_tiles(
     offs_m, offs_n, offs_d,
     lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
-    BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr,
+    seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     """Folds key tiles into the running softmax state: the fully visible [full_lo, full_hi),
     or, MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop.
 
     `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
     key_visible (window, causal, end of the keys) and the segment ids (q_seg per row against
-    the keys' ids at kv_seg_base); the others are visible to every row.
+    the keys' ids at kv_seg_base); the others are visible to every row. A bias and dropout
+    (SCORE_MOD variants, every tile masked: mask_every_tile) are applied in MASKED tiles: the
+    bias joins the scores, dropout zeroes the dropped probabilities in what reaches V (the row
+    sums keep them: dropout acts after the softmax).
     """
     d_in_range = offs_d < head_dim
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
@@ -71,11 +77,19 @@ def _attend_key_tiles(
         if SCORE_MOD:
             qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
         if MASKED:
+            if SCORE_MOD:
+                if use_bias != 0:
+                    qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             qk = tl.where(visible, qk, float("-inf"))
         p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
+        if MASKED:
+            if SCORE_MOD:
+                if dropout_threshold > 0:
+                    keep = dropout_keep(seed, batch, head, offs_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N)
+                    p = tl.where(keep, p, 0.0)
 
         if MASKED:
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)
@@ -100,6 +114,7 @@ def attn_fwd(
     Alibi, stride_alibib, stride_alibih, use_alibi,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, Sinks, use_sinks,
+    Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
@@ -116,6 +131,11 @@ def attn_fwd(
     QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
+    SCORE_MOD variants also take a bias (use_bias != 0; dense layout only): Bias + batch *
+    stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype, added to the
+    scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
+    dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
+    1 / keep probability. Both make every tile masked.
     """
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
@@ -154,19 +174,30 @@ def attn_fwd(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
+    if SCORE_MOD:
+        every_tile = every_tile_masked(use_segments, use_bias, dropout_threshold)
+        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+    else:
+        every_tile = use_segments
+        seed = 0
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, every_tile)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
+    bias_base = Bias + batch * stride_biasb + head.to(tl.int64) * stride_biash
     # The fully visible middle without a mask, then the window's two edges (and the end of
     # the keys) with it.
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
         lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-        alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, False, SCORE_MOD)
+        alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
+        dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
         lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-        alibi_log2, q_seg, kv_seg_base, use_segments, BLOCK_N, PAD_D, True, SCORE_MOD)
+        alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
+        dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+    if SCORE_MOD:
+        acc *= dropout_scale  # 1 without dropout
 
     # Rows that saw no key (outside every window, or causal with seqlen_q > seqlen_k) give
     # out 0 and lse -inf.
@@ -193,4 +224,6 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
     i32("use_segments"),
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
+    view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
+    seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale"),
 ])

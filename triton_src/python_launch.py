@@ -37,13 +37,18 @@ class Tiles:
 class Variant:
     """The attention variant, with flash-attn's meanings. alibi: float32 (heads) or (batch, heads);
     segments: (q_segment_ids, kv_segment_ids), int32 [batch, seqlen] (dense layout only);
-    sinks: float32 [heads] (forward kernels only: the backward reads them through the lse)."""
+    sinks: float32 [heads] (forward kernels only: the backward reads them through the lse);
+    bias: [batch | 1, heads | 1, seqlen_q | 1, seqlen_k] in q's dtype, keys contiguous (dense layout
+    only); dropout_p with dropout_seed, an int64 [1] tensor."""
     causal: bool = False
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     alibi: torch.Tensor | None = None
     segments: tuple[torch.Tensor, torch.Tensor] | None = None
     sinks: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    dropout_seed: torch.Tensor | None = None
 
     def sink_args(self, device) -> dict:
         sinks = self.sinks if self.sinks is not None else torch.zeros(1, device=device)
@@ -64,11 +69,28 @@ class Variant:
             Alibi=slopes, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0,
             stride_alibih=slopes.stride(-1), use_alibi=int(alibi is not None),
             qk_scale=scale / self.softcap if self.softcap > 0 else scale * LOG2E,
-            softcap_log2=self.softcap * LOG2E if self.softcap > 0 else 0.0), scale
+            softcap_log2=self.softcap * LOG2E if self.softcap > 0 else 0.0,
+            **self._bias_args(device), **self._dropout_args(device)), scale
+
+    def _bias_args(self, device) -> dict:
+        bias = self.bias if self.bias is not None else torch.zeros(1, 1, 1, 1, device=device)
+        strides = {f"stride_bias{d}": bias.stride(i) if bias.shape[i] > 1 else 0 for i, d in enumerate("bhq")}
+        return dict(Bias=bias, **strides, use_bias=int(self.bias is not None))
+
+    def _dropout_args(self, device) -> dict:
+        threshold = dropout_threshold(self.dropout_p)
+        seed = self.dropout_seed if threshold else torch.zeros(1, dtype=torch.int64, device=device)
+        return dict(DropoutSeed=seed, dropout_threshold=threshold, dropout_scale=65536 / (65536 - threshold))
 
     @property
     def score_mod(self) -> bool:
-        return self.softcap > 0 or self.alibi is not None
+        return self.softcap > 0 or self.alibi is not None or self.bias is not None or self.dropout_p > 0
+
+
+def dropout_threshold(p: float) -> int:
+    """csrc/attention/dropout.cpp's rule: a key is dropped when its 16-bit draw is below
+    round(p * 2**16), at most 2**16 - 1."""
+    return min(round(p * 65536), 65535)
 
 
 @dataclass(frozen=True)
@@ -161,13 +183,18 @@ def _new_gradient(t, packing):
 
 
 def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
-                  packing: Packing | None = None):
-    """(dk, dv) of attn_bwd_dkdv."""
-    batch, _, seqlen_k, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
+                  packing: Packing | None = None, want_dbias: bool = False):
+    """(dk, dv) of attn_bwd_dkdv; (dk, dv, dbias) with want_dbias (dbias: dS, [batch, heads,
+    seqlen_q, seqlen_k] float32, zero-filled as the op allocates it)."""
+    batch, seqlen_q, seqlen_k, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dk, dv = _new_gradient(k, packing), _new_gradient(v, packing)
+    shape = (batch, q.shape[-2], seqlen_q, seqlen_k) if want_dbias else (1, 1, 1, 1)
+    dbias = torch.zeros(shape, dtype=torch.float32, device=q.device)
     ATTN_BWD_DKDV.launch((triton.cdiv(seqlen_k, tiles.block_n), k.shape[-2], batch), num_warps=tiles.num_warps,
-                         num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv))
-    return dk, dv
+                         num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv),
+                         DBias=dbias, stride_dbiasb=dbias.stride(0), stride_dbiash=dbias.stride(1),
+                         stride_dbiasq=dbias.stride(2), write_dbias=int(want_dbias))
+    return (dk, dv, dbias) if want_dbias else (dk, dv)
 
 
 def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),

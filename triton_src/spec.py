@@ -9,8 +9,8 @@ alignment promises the C++ ops keep. Everything else is derived from it:
   C++ build (aot_build/launchers.py);
 - `KernelSpec.launch`, the Python launch used by the tune scripts and the interpreter test.
 
-Types: "*T" is a pointer to the variant's element type (fp16/bf16/fp32), "*fp32" and
-"*i32" are fixed pointers, "i32", "i64", "fp32" scalars. `divisible_by` is a promise:
+Types: "*T" is a pointer to the variant's element type (fp16/bf16/fp32), "*fp32", "*i32"
+and "*i64" are fixed pointers, "i32", "i64", "fp32" scalars. `divisible_by` is a promise:
 a pointer 16-byte aligned, an integer a multiple of 8. Triton turns those into 16-byte
 vector loads; the ops check them before the launch (aligned_for_kernel copies a view
 that breaks them).
@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-TYPES = ("*T", "*fp32", "*i32", "i32", "i64", "fp32")
+TYPES = ("*T", "*fp32", "*i32", "*i64", "i32", "i64", "fp32")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,17 @@ def f32_tensor(name: str) -> Param:
 def slopes_tensor(name: str) -> Param:
     """A float32 tensor of per-head values (ALiBi slopes, sinks) that may be a view: no alignment promise."""
     return Param(name, "*fp32")
+
+
+def view(name: str) -> Param:
+    """A tensor of the variant's dtype that may be a broadcast view (a bias): no alignment promise."""
+    return Param(name, "*T")
+
+
+def seed_tensor(name: str) -> Param:
+    """An int64 tensor (the dropout seed), read on the device so that CUDA graphs replay with
+    the seed torch's generator wrote at each replay."""
+    return Param(name, "*i64")
 
 
 def index_tensor(name: str) -> Param:

@@ -111,6 +111,15 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
   return variant;
 }
 
+void add_bias_and_dropout(const char* op, AttentionVariant& variant, const AttentionShape& s, const Tensor& q,
+                          const std::optional<Tensor>& bias, double dropout_p,
+                          const std::optional<Tensor>& dropout_seed) {
+  check_bias(op, bias, s, q);
+  variant.bias = bias;
+  variant.dropout = check_dropout(op, dropout_p, dropout_seed, q);
+  if (variant.dropout.active()) variant.dropout_seed = dropout_seed;
+}
+
 KernelSegments kernel_segments(const AttentionVariant& variant, const Tensor& placeholder) {
   if (!variant.q_segment_ids.has_value()) return {placeholder.data_ptr(), placeholder.data_ptr(), 0, 0, 0};
   const Tensor &q = *variant.q_segment_ids, &kv = *variant.kv_segment_ids;

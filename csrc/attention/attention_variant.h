@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "attention/attention_shape.h"
+#include "attention/bias.h"
+#include "attention/dropout.h"
 
 namespace fattn {
 
@@ -25,8 +27,14 @@ struct AttentionVariant {
   // int32 [batch, seqlen_q] and [batch, seqlen_k], rows contiguous: query i sees key j only
   // if their ids are equal (dense layout only).
   std::optional<Tensor> q_segment_ids, kv_segment_ids;
+  std::optional<Tensor> bias;  // attention/bias.h
+  Dropout dropout;             // attention/dropout.h
+  std::optional<Tensor> dropout_seed;
 
-  bool modifies_scores() const { return softcap > 0 || alibi_slopes.has_value(); }
+  // The kernels' SCORE_MOD variants serve all of these.
+  bool modifies_scores() const {
+    return softcap > 0 || alibi_slopes.has_value() || bias.has_value() || dropout.active();
+  }
   bool visible(int64_t i, int64_t j, int64_t diagonal) const {
     return (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right);
   }
@@ -43,6 +51,11 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
                                          const std::optional<Tensor>& alibi_slopes,
                                          const std::optional<Tensor>& q_segment_ids = std::nullopt,
                                          const std::optional<Tensor>& kv_segment_ids = std::nullopt);
+
+// Adds the bias (dense layout only) and dropout to a checked variant, after checking them.
+void add_bias_and_dropout(const char* op, AttentionVariant& variant, const AttentionShape& s, const Tensor& q,
+                          const std::optional<Tensor>& bias, double dropout_p,
+                          const std::optional<Tensor>& dropout_seed);
 
 // The segment ids as the kernels take them; pointers at `placeholder` when there are none
 // (use_segments 0: never read).

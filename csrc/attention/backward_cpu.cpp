@@ -5,7 +5,9 @@
 // of the forward that produced (out, lse). With S = scale * q k^T:
 //   dV = P^T dO,  dP = dO V^T,  delta_i = sum_d dO_id O_id - dlse_i,
 //   dS = P * (dP - delta),  dQ = scale * dS K,  dK = scale * dS^T Q,
-// with dS times the softcap's derivative (ScoreMod::derivative) when there is one.
+// with dS times the softcap's derivative (ScoreMod::derivative) when there is one. The bias's
+// gradient is dS before that factor. With dropout (keep mask Z, scale 1 / keep probability):
+// dV = (P * Z * scale)^T dO and dP = (dO V^T) * Z * scale.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -18,12 +20,15 @@
 namespace fattn {
 namespace {
 
-std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const AttentionVariant& variant,
+std::tuple<Tensor, Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const AttentionVariant& variant,
                                              const SequenceSpans& spans, std::optional<double> softmax_scale,
                                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse) {
+                                             const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
+                                             bool bias_grad) {
   const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
+  const CpuBias bias = cpu_bias(variant.bias);
+  const Dropout& dropout = variant.dropout;
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v), dod = as_double(dout), od = as_double(out);
   Tensor lsed = as_double(lse);
@@ -32,6 +37,10 @@ std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const Atte
   Tensor dq = torch::stable::new_zeros(qd, sizes_of(q));
   Tensor dk = torch::stable::new_zeros(qd, sizes_of(k));
   Tensor dv = torch::stable::new_zeros(qd, sizes_of(v));
+  // dS before any broadcast of the bias: [batch, heads, seqlen_q, seqlen_k] (dense layout only).
+  Tensor dbias = torch::stable::new_zeros(qd, bias_grad ? std::vector<int64_t>{s.batch, s.heads, s.seqlen_q, s.seqlen_k}
+                                                        : std::vector<int64_t>{0});
+  double* DB = dbias.mutable_data_ptr<double>();
   const double *Q = qd.const_data_ptr<double>(), *K = kd.const_data_ptr<double>(),
                *V = vd.const_data_ptr<double>(), *DO = dod.const_data_ptr<double>(),
                *O = od.const_data_ptr<double>(), *L = lsed.const_data_ptr<double>(),
@@ -59,10 +68,14 @@ std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const Atte
             score += Q[row * D + d] * K[kv_row * D + d];
             dp += DO[row * D + d] * V[kv_row * D + d];
           }
-          const double p = std::exp(mod.score(score * scale, i, j, diagonal) - lse_i);
-          const double ds = p * (dp - delta) * mod.derivative(score * scale);
+          const double p = std::exp(mod.score(score * scale, i, j, diagonal) + bias.at(b, h, i, j) - lse_i);
+          // Dropout: the kept probability reached out scaled, the dropped one not at all.
+          const double kept = dropout.keep(b, h, i, j) ? dropout.scale : 0.0;
+          const double ds_score = p * (dp * kept - delta);  // d loss / d score
+          if (bias_grad) DB[((b * H + h) * s.seqlen_q + i) * s.seqlen_k + j] = ds_score;
+          const double ds = ds_score * mod.derivative(score * scale);
           for (int64_t d = 0; d < D; ++d) {
-            DV[kv_row * D + d] += p * DO[row * D + d];
+            DV[kv_row * D + d] += p * kept * DO[row * D + d];
             DQ[row * D + d] += scale * ds * K[kv_row * D + d];
             DK[kv_row * D + d] += scale * ds * Q[row * D + d];
           }
@@ -71,20 +84,23 @@ std::tuple<Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const Atte
     }
   }
   const ScalarType dtype = q.scalar_type();
-  return {torch::stable::to(dq, dtype), torch::stable::to(dk, dtype), torch::stable::to(dv, dtype)};
+  return {torch::stable::to(dq, dtype), torch::stable::to(dk, dtype), torch::stable::to(dv, dtype),
+          torch::stable::to(dbias, lse_dtype(dtype))};
 }
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
   (void)deterministic;  // the loops are always ordered
   const char* op = "fattn.backward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
-  return gradients(s, variant, dense_spans(s), softmax_scale, dout, q, k, v, out, lse, dlse);
+  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
+  check_bias_grad(op, bias, bias_grad);
+  return gradients(s, variant, dense_spans(s), softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad);
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_backward_cpu(FATTN_VARLEN_BACKWARD_ARGS) {
@@ -93,10 +109,12 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward_cpu(FATTN_VARLEN_BACKWARD_ARG
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                seqused_k, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
+  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
   const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
-  return gradients(s, variant, spans, softmax_scale, dout, q, k, v, out, lse, dlse);
+  auto [dq, dk, dv, dbias] = gradients(s, variant, spans, softmax_scale, dout, q, k, v, out, lse, dlse, false);
+  return {dq, dk, dv};
 }
 
 }  // namespace fattn

@@ -24,10 +24,11 @@ Tensor float32_contiguous(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : torch::stable::clone(c);
 }
 
-std::tuple<Tensor, Tensor, Tensor> launch_backward(
+// bias_grad: also dS, the bias's unreduced gradient (dense layout only).
+std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
     const char* op, const AttentionShape& s, const AttentionVariant& variant, std::optional<double> softmax_scale,
     Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const std::optional<Tensor>& dlse,
-    const std::optional<Tensor>& cu_seqlens_q = std::nullopt, const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
+    bool bias_grad, const std::optional<Tensor>& cu_seqlens_q = std::nullopt, const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
     const std::optional<Tensor>& seqused_k = std::nullopt) {
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
@@ -54,7 +55,11 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
   Tensor dq = make(q, sizes_of(q), none, none, none, none);
   Tensor dk = make(q, sizes_of(k), none, none, none, none);
   Tensor dv = make(q, sizes_of(v), none, none, none, none);
-  if (empty) return {dq, dk, dv};
+  // dS is written for the (query, key) pairs some tile visits: the rest stays 0.
+  Tensor dbias = torch::stable::new_zeros(
+      q, bias_grad ? std::vector<int64_t>{s.batch, s.heads, s.seqlen_q, s.seqlen_k} : std::vector<int64_t>{0},
+      ScalarType::Float);
+  if (empty) return {dq, dk, dv, dbias};
 
   // dout comes from autograd with whatever strides the graph produced.
   q = aligned_for_kernel(q);
@@ -79,6 +84,9 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
   const KernelSegments segments = kernel_segments(variant, lse);
+  const KernelBias bias = kernel_bias(variant.bias, lse);
+  const void* seed = kernel_dropout_seed(variant.dropout, variant.dropout_seed, lse);
+  const Tensor& dbias_target = bias_grad ? dbias : lse;  // never written without bias_grad
   kernels::launch_attn_bwd_dkdv(dkdv, dkdv_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DK = dk.data_ptr(), .DV = dv.data_ptr(),
@@ -94,7 +102,12 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
       .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
       .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
-      .softmax_scale = scale});
+      .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
+      .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
+      .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale,
+      .DBias = dbias_target.data_ptr(), .stride_dbiasb = bias_grad ? dbias.stride(0) : 0,
+      .stride_dbiash = bias_grad ? dbias.stride(1) : 0, .stride_dbiasq = bias_grad ? dbias.stride(2) : 0,
+      .write_dbias = bias_grad ? 1 : 0});
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DQ = dq.data_ptr(),
@@ -110,21 +123,25 @@ std::tuple<Tensor, Tensor, Tensor> launch_backward(
       .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
       .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
-      .softmax_scale = scale});
-  return {dq, dk, dv};
+      .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
+      .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
+      .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale});
+  return {dq, dk, dv, dbias};
 }
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   (void)deterministic;
   constexpr const char* op = "fattn.backward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
-  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse);
+  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
+  check_bias_grad(op, bias, bias_grad);
+  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad);
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_ARGS) {
@@ -133,10 +150,12 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_AR
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                seqused_k, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
-  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
-                         seqused_k);
+  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
+  auto [dq, dk, dv, dbias] = launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, false,
+                                             cu_seqlens_q, cu_seqlens_k, seqused_k);
+  return {dq, dk, dv};
 }
 
 }  // namespace fattn

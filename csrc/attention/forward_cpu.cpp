@@ -3,7 +3,8 @@
 // It is the semantic reference of the CUDA kernels (same masking, same GQA mapping, same
 // lse convention) and lets everything above the kernels run on machines without a GPU.
 // It computes in float64 with a two-pass softmax, one sequence at a time (sequence_spans.h
-// says where each one's rows are, dense or packed).
+// says where each one's rows are, dense or packed); dropout (dropout.h) drops probabilities
+// after the softmax, keeping the row's denominator.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -24,6 +25,8 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
             Tensor& lse_d) {
   const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
+  const CpuBias bias = cpu_bias(variant.bias);
+  const Dropout& dropout = variant.dropout;
   const double* Q = qd.const_data_ptr<double>();
   const double* K = kd.const_data_ptr<double>();
   const double* V = vd.const_data_ptr<double>();
@@ -48,7 +51,7 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
           const double* kj = K + ((spans.k_start[b] + j) * HK + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += Q[row * D + d] * kj[d];
-          scores[j] = mod.score(dot * scale, i, j, diagonal);
+          scores[j] = mod.score(dot * scale, i, j, diagonal) + bias.at(b, h, i, j);
           row_max = std::max(row_max, scores[j]);
         }
         double* lse = L + spans.lse_index(b, h, i);
@@ -62,9 +65,9 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
           sum += scores[j];
         }
         for (int64_t j = 0; j < seqlen_k; ++j) {
-          if (scores[j] == 0) continue;
+          if (scores[j] == 0 || !dropout.keep(b, h, i, j)) continue;
           const double* vj = V + ((spans.k_start[b] + j) * HK + hk) * D;
-          const double p = scores[j] / sum;
+          const double p = scores[j] / sum * dropout.scale;
           for (int64_t d = 0; d < D; ++d) O[row * D + d] += p * vj[d];
         }
         *lse = row_max + std::log(sum);
@@ -91,10 +94,11 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   (void)deterministic;
   constexpr const char* op = "fattn.forward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
   check_sinks(op, sinks, q, s.heads);
+  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
   return forward_reference(s, variant, dense_spans(s), softmax_scale, sinks, q, k, v,
                            {s.batch, s.heads, s.seqlen_q});
 }
@@ -104,9 +108,10 @@ std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS) {
   constexpr const char* op = "fattn.varlen_forward";
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                seqused_k, softmax_scale);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
   check_sinks(op, sinks, q, s.heads);
+  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
   const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
   return forward_reference(s, variant, spans, softmax_scale, sinks, q, k, v, {s.heads, q.size(0)});
 }

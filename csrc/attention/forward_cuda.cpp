@@ -38,6 +38,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const KernelSegments segments = kernel_segments(variant, lse);
   const std::optional<Tensor> unit_sinks = unit_stride(sinks);
   const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
+  const KernelBias bias = kernel_bias(variant.bias, lse);
   const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
   const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out);
   const LseStrides ls = lse_strides(lse);
@@ -54,7 +55,10 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
       .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2, .Sinks = sink_args.sinks,
-      .use_sinks = sink_args.use_sinks,
+      .use_sinks = sink_args.use_sinks, .Bias = bias.bias, .stride_biasb = bias.stride_b,
+      .stride_biash = bias.stride_h, .stride_biasq = bias.stride_q, .use_bias = bias.use_bias,
+      .DropoutSeed = kernel_dropout_seed(variant.dropout, variant.dropout_seed, lse),
+      .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale,
   });
   return {out, lse};
 }
@@ -65,10 +69,11 @@ std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
   (void)deterministic;  // a backward setting, saved by autograd
   constexpr const char* op = "fattn.forward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
   check_sinks(op, sinks, q, s.heads);
+  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
   return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks);
 }
 
@@ -78,9 +83,10 @@ std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
   // The offsets' values are not checked here: reading them would stall the stream.
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                seqused_k, softmax_scale);
-  const AttentionVariant variant =
+  AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
   check_sinks(op, sinks, q, s.heads);
+  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
   return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, seqused_k);
 }
 

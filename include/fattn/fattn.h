@@ -44,7 +44,10 @@ inline void keep_library_linked() {
 // seqlen_k] (both or neither) restrict query i to keys of its own segment (packing several
 // documents into one row). sinks (float32 [heads]) adds one logit per head to every row's
 // softmax denominator, carrying no value (gpt-oss); a row that sees no key then has lse = sink.
-// Inference only: autograd for the operator is registered by the Python package.
+// bias ([batch or 1, heads or 1, seqlen_q or 1, seqlen_k] in q's dtype, keys contiguous) is
+// added to the scores after the softcap and ALiBi; -inf hides a key.
+// Inference only: autograd for the operator is registered by the Python package, and dropout
+// (a training feature) is left off.
 inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v,
                                                   std::optional<double> softmax_scale = std::nullopt,
@@ -53,12 +56,14 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
                                                   const std::optional<at::Tensor>& q_segment_ids = std::nullopt,
                                                   const std::optional<at::Tensor>& kv_segment_ids = std::nullopt,
-                                                  const std::optional<at::Tensor>& sinks = std::nullopt) {
+                                                  const std::optional<at::Tensor>& sinks = std::nullopt,
+                                                  const std::optional<at::Tensor>& bias = std::nullopt) {
   detail::keep_library_linked();
   // Schema: forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None,
   //                 bool causal=False, bool deterministic=False, int window_left=-1,
   //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None,
-  //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None)
+  //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None,
+  //                 Tensor? bias=None, float dropout_p=0.0, Tensor? dropout_seed=None)
   //                 -> (Tensor out, Tensor lse)
   static const auto op =
       c10::Dispatcher::singleton()
@@ -69,10 +74,13 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&,
+                                                    const std::optional<at::Tensor>&,
+                                                    const std::optional<at::Tensor>&, double,
                                                     const std::optional<at::Tensor>&)>();
   // `deterministic` only matters to the backward, which C++ callers do not run.
   return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false, window_left, window_right,
-                 softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks);
+                 softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, /*dropout_p=*/0.0,
+                 /*dropout_seed=*/std::nullopt);
 }
 
 // Flash decoding: attention of a few new query tokens (1 <= seqlen_q <= 16) over a KV cache,

@@ -177,3 +177,42 @@ def check_segment_ids(op: str, q_segment_ids, kv_segment_ids, q, batch, seqlen_q
                  "]")
         if length > 1 and ids.stride(1) != 1:
             fail(op, name, " must have contiguous rows (stride 1 along the sequence); call .contiguous() first")
+
+
+def check_bias(op: str, bias, q, batch, heads, seqlen_q, seqlen_k) -> None:
+    """[batch | 1, heads | 1, seqlen_q | 1, seqlen_k] in q's dtype on q's device, keys contiguous,
+    dense layout (csrc/attention/bias.cpp)."""
+    if bias is None:
+        return
+    if q.dim() != 4:
+        fail(op, "bias takes the dense [batch, seqlen, heads, head_dim] layout")
+    if bias.dtype != q.dtype:
+        fail(op, "bias has dtype ", dtype_name(bias.dtype), " but q has ", dtype_name(q.dtype),
+             "; the bias must have q's dtype")
+    full = (batch, heads, seqlen_q)
+    fits = bias.dim() == 4 and bias.shape[3] == seqlen_k and all(
+        bias.shape[d] == full[d] or bias.shape[d] == 1 for d in range(3))
+    if not fits:
+        fail(op, "bias has shape ", shape_of(bias), "; expected [batch or 1, heads or 1, seqlen_q or 1, seqlen_k] = [",
+             batch, ", ", heads, ", ", seqlen_q, ", ", seqlen_k, "]")
+    check_same_device(op, "bias", bias, "q", q)
+    if seqlen_k > 1 and bias.stride(3) != 1:
+        fail(op, "bias must have contiguous keys (stride 1 along its last dim); call .contiguous() first")
+
+
+def check_dropout(op: str, dropout_p, dropout_seed, q) -> None:
+    """0 <= dropout_p < 1; with dropout, an int64 seed of one element on q's device
+    (csrc/attention/dropout.cpp)."""
+    if isinstance(dropout_p, torch.SymFloat):
+        return
+    if not 0.0 <= dropout_p < 1.0:
+        fail(op, "dropout_p is ", f"{dropout_p:g}", "; expected 0 <= dropout_p < 1")  # as C++ prints it
+    if dropout_p == 0.0:
+        return
+    if dropout_seed is None:
+        fail(op, "dropout_p > 0 needs dropout_seed (an int64 tensor of one element)")
+    if dropout_seed.dtype != torch.int64:
+        fail(op, "dropout_seed has dtype ", dtype_name(dropout_seed.dtype), "; expected int64")
+    if dropout_seed.numel() != 1:
+        fail(op, "dropout_seed has shape ", shape_of(dropout_seed), "; expected one element")
+    check_same_device(op, "dropout_seed", dropout_seed, "q", q)

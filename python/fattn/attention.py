@@ -10,13 +10,11 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._checks import (
-    check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups,
-    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_segment_ids, check_sinks,
-    check_softcap,
-    check_window,
-    dtype_name, fail, lse_dtype, shape_of, window_pair,
+    check_alibi_slopes, check_attention_dtype, check_bias, check_dropout, check_finite, check_head_dim,
+    check_head_groups, check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_segment_ids,
+    check_sinks, check_softcap, check_window, dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
-from . import _head_dim
+from . import _bias, _dropout, _head_dim
 from ._library import load_library
 
 load_library()
@@ -45,6 +43,7 @@ def flash_attn_func(
     q_segment_ids: torch.Tensor | None = None,
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, with flash-attn 2.8's parameters
     in flash-attn's order (fattn's own extras are keyword-only, after them).
@@ -56,7 +55,12 @@ def flash_attn_func(
            out comes back as a view of its first head_dim columns.
         k, v: [batch, seqlen_k, kv_heads, head_dim]; heads must be a multiple of
            kv_heads (GQA/MQA). Any batch/seq/head strides; the last dim contiguous.
-        dropout_p: must be 0.0 for now (dropout is not implemented; > 0 raises).
+        dropout_p: dropout probability on the attention probabilities, 0 <= p < 1, applied
+           whenever it is > 0 (pass 0.0 for evaluation, as with flash-attn). Each call draws a
+           seed from torch's generator on q's device (torch.manual_seed reproduces it; CUDA
+           graphs replay with fresh seeds); the backward regenerates the same mask. p is rounded
+           to a multiple of 2**-16 and the kept probabilities are scaled by the exact inverse of
+           the resulting keep probability; the CPU implementation draws the identical mask.
         softmax_scale: multiplies q @ k^T before the softmax; default 1/sqrt(head_dim).
         causal: mask keys after the query's position, aligned to the bottom-right
            corner when seqlen_q != seqlen_k (query i sees key j iff
@@ -87,19 +91,28 @@ def flash_attn_func(
            out_i = sum_j exp(s_ij - m) v_j / (exp(sink - m) + sum_j exp(s_ij - m)), and lse
            includes it (a row that sees no key gives out 0 and lse = sink). Differentiable:
            the gradient reaching sinks is -sum_i exp(sink - lse_i) * (dout_i . out_i - dlse_i).
+        bias: (keyword) an additive bias of the scores, broadcastable to [batch, heads, seqlen_q,
+           seqlen_k] (fewer dims are leading 1s), any float dtype (converted to q's, as SDPA's
+           attn_mask must be), added after the softcap and ALiBi; or a boolean mask, True =
+           attend. Rows whose every key is masked give out 0 and lse -inf. Differentiable: the
+           gradient reaching it is summed over its broadcast dims (the backward first writes
+           it unreduced, float32 [batch, heads, seqlen_q, seqlen_k]). Every key tile goes
+           through the masked path, as with dropout and segment ids.
 
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype; (out, lse) with return_lse;
         (out, lse, None) with return_attn_probs.
     """
-    check_dropout("flash_attn_func", dropout_p)
+    dropout_p = _dropout.check_probability("flash_attn_func", dropout_p)
     window_left, window_right = window_pair("flash_attn_func", window_size)
+    bias = _bias.prepare("flash_attn_func", bias, q, k)
     head_dim, padding = q.shape[-1], _head_dim.padding_for(q, k, v)
     if padding:  # a head dim that is not a multiple of 8 (fattn/_head_dim.py)
         softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-                          alibi_slopes, q_segment_ids, kv_segment_ids, sinks)
+                          alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p,
+                          _dropout.draw_seed(dropout_p, q.device))
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -126,24 +139,18 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                            deterministic, return_attn_probs, return_lse=return_lse)
 
 
-def check_dropout(fn, dropout_p):
-    """Dropout is taken in flash-attn's position but not implemented yet: anything but 0 raises
-    instead of being ignored."""
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"fattn.{fn}: dropout_p={dropout_p} is not supported yet; pass 0.0")
-
-
 def _attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right. args: the op's
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-    alibi_slopes, q_segment_ids, kv_segment_ids, sinks)."""
+    alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p, dropout_seed)."""
     q, k, v = args[:3]
-    sinks = args[-1]
+    sinks, bias = args[12], args[13]
     if _is_compiling():
         # Traced graphs differentiate through the op's registered autograd.
         out, lse = _forward_op(*args)
     elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                              (sinks is not None and sinks.requires_grad)):
+                              (sinks is not None and sinks.requires_grad) or
+                              (bias is not None and bias.requires_grad)):
         out, lse = _EagerAttention.apply(*args)
     else:
         # No gradient can flow: skip the Python autograd kernel of register_autograd, which
@@ -156,9 +163,9 @@ def _attention(*args):
 # ---------------------------------------------------------------- autograd
 
 # fattn::forward's defaults after q, k, v: softmax_scale, causal, deterministic, window_left,
-# window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks (csrc/register.cpp);
-# tests/test_op_samples.py checks them.
-_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None]
+# window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p,
+# dropout_seed (csrc/register.cpp); tests/test_op_samples.py checks them.
+_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None, None, 0.0, None]
 
 
 def sinks_gradient(sinks, dout, out, lse, dlse, rows=None):
@@ -181,13 +188,15 @@ def sinks_gradient(sinks, dout, out, lse, dlse, rows=None):
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]  # what the call left to the schema's defaults
-    softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg, sinks = \
-        options
+    (softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg, sinks,
+     bias, dropout_p, dropout_seed) = options
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks)
-    # Not needs_input_grad[-1]: a call that left sinks to its default has fewer inputs.
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks, bias, dropout_seed)
+    # Not needs_input_grad: a call that left sinks or bias to their defaults has fewer inputs.
     ctx.sinks_need_grad = sinks is not None and sinks.requires_grad
+    ctx.bias_need_grad = bias is not None and bias.requires_grad
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
+    ctx.dropout_p = dropout_p
     # An output nobody used gets None, not a zero tensor: no allocation, no fill, and the
     # backward skips the dlse term.
     ctx.set_materialize_grads(False)
@@ -195,13 +204,15 @@ def _setup_context(ctx, inputs, output):
 
 @once_differentiable  # no double backward yet: differentiating twice raises instead of giving 0
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks, bias, dropout_seed = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
     # The backward needs no sinks: P = exp(s - lse) with the sink already inside lse.
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes, q_seg, kv_seg)
+    dq, dk, dv, dbias = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes, q_seg, kv_seg, bias,
+                                     ctx.bias_need_grad, ctx.dropout_p, dropout_seed)
     dsinks = sinks_gradient(sinks, dout, out, lse, dlse) if ctx.sinks_need_grad else None
-    return (dq, dk, dv) + (None,) * (len(_OPTION_DEFAULTS) - 1) + (dsinks,)
+    dbias = _bias.reduce_gradient(dbias, bias) if ctx.bias_need_grad else None
+    return (dq, dk, dv) + (None,) * 9 + (dsinks, dbias, None, None)
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
@@ -315,11 +326,14 @@ def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_r
 
 @torch.library.register_fake("fattn::forward")
 def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
-                  softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
+                  softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None, bias=None,
+                  dropout_p=0.0, dropout_seed=None):
     op = "fattn.forward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
     check_sinks(op, sinks, q, s.heads)
+    check_bias(op, bias, q, s.batch, s.heads, s.seqlen_q, s.seqlen_k)
+    check_dropout(op, dropout_p, dropout_seed, q)
     # Both outputs are fresh and contiguous, as the op allocates them.
     out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim))
     lse = q.new_empty((s.batch, s.heads, s.seqlen_q), dtype=lse_dtype(q.dtype))
@@ -328,10 +342,17 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False
 
 @torch.library.register_fake("fattn::backward")
 def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1,
-                   window_right=-1, softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
+                   window_right=-1, softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None,
+                   bias=None, bias_grad=False, dropout_p=0.0, dropout_seed=None):
     op = "fattn.backward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     check_backward_inputs(op, s, q, dout, out, lse, dlse)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
-    # Fresh contiguous gradients shaped like q, k and v.
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    check_bias(op, bias, q, s.batch, s.heads, s.seqlen_q, s.seqlen_k)
+    check_dropout(op, dropout_p, dropout_seed, q)
+    if bias_grad and bias is None:
+        fail(op, "bias_grad=True needs a bias")
+    # Fresh contiguous gradients shaped like q, k and v; dbias unreduced, or empty.
+    dbias_shape = (s.batch, s.heads, s.seqlen_q, s.seqlen_k) if bias_grad else (0,)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(dbias_shape, dtype=lse_dtype(q.dtype)))

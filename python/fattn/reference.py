@@ -14,7 +14,8 @@ from ._checks import lse_dtype
 
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
-                        softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
+                        softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None,
+                        bias=None, dropout_p=0.0, dropout_seed=None):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
 
     Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
@@ -22,7 +23,10 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d - j| with alibi_slopes
     ([heads] or [batch, heads]). With segment ids ([batch, seqlen_q], [batch, seqlen_k]) query i
     sees key j only if their ids are equal. sinks ([heads]) add one logit per head to every
-    row's denominator (a key with no value); differentiable through autograd.
+    row's denominator (a key with no value); differentiable through autograd. bias (broadcastable
+    to [batch, heads, seqlen_q, seqlen_k]; a boolean one is True = attend) is added after ALiBi.
+    dropout_p > 0 drops probabilities with dropout_keep_mask(dropout_seed, ...) and rescales the
+    kept ones by 1 / keep probability (lse is unaffected).
     """
     out_dtype = q.dtype
     q, k, v = (t.to(dtype) for t in (q, k, v))
@@ -48,15 +52,28 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
         scores = scores.masked_fill(col > row + diag + right, float("-inf"))
     if left >= 0:
         scores = scores.masked_fill(col < row + diag - left, float("-inf"))
+    if bias is not None:
+        if bias.dtype == torch.bool:
+            scores = scores.masked_fill(~bias, float("-inf"))
+        else:
+            scores = scores + bias.to(dtype)
     if q_segment_ids is not None:
         other = q_segment_ids[:, None, :, None] != kv_segment_ids[:, None, None, :]
         scores = scores.masked_fill(other, float("-inf"))
+    # Rows that see no key get lse -inf and probabilities 0; they are computed on zeros so that
+    # autograd never meets exp(-inf - -inf).
+    empty = (scores == float("-inf")).all(-1, keepdim=True)
+    safe = scores.masked_fill(empty, 0.0)
     if sinks is not None:
         sink_column = sinks.to(dtype)[None, :, None, None].expand(batch, heads, seqlen_q, 1)
-        lse = torch.logsumexp(torch.cat([scores, sink_column], dim=-1), dim=-1)
+        lse = torch.logsumexp(torch.cat([scores.masked_fill(empty, float("-inf")), sink_column], dim=-1), dim=-1)
+        probs = torch.exp(scores - lse[..., None])
     else:
-        lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
+        lse = torch.logsumexp(safe, dim=-1).masked_fill(empty[..., 0], float("-inf"))
+        probs = torch.exp(safe - torch.logsumexp(safe, dim=-1, keepdim=True)).masked_fill(empty, 0.0)
+    if dropout_p > 0:
+        keep, keep_probability = dropout_keep_mask(dropout_seed, batch, heads, seqlen_q, seqlen_k, dropout_p)
+        probs = probs * keep.to(probs.device) / keep_probability
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     # lse follows fattn's contract: float32, float64 for float64 inputs.
     return out.to(out_dtype), lse.to(lse_dtype(out_dtype))
@@ -146,3 +163,42 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         outs.append(out.to(out_dtype))
         lses.append(lse.reshape(heads, seqlen_q).to(lse_dtype(out_dtype)))
     return torch.stack(outs), torch.stack(lses)
+
+
+def _philox4x32(counters, key):
+    """Philox-4x32 with 10 rounds (Triton's tl.philox constants) over numpy uint64 arrays holding
+    32-bit values: products of two 32-bit values fit 64 bits exactly."""
+    import numpy as np
+
+    mask32 = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = counters
+    k0, k1 = key
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0
+        p2 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (p2 >> np.uint64(32)) ^ c1 ^ k0, p2 & mask32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask32
+        k0 = (k0 + np.uint64(0x9E3779B9)) & mask32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & mask32
+    return c0, c1, c2, c3
+
+
+def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
+    """(keep, keep_probability): fattn's dropout mask, bool [batch, heads, seqlen_q, seqlen_k], written
+    from its definition (docs/DESIGN.md, "Dropout") independently of the kernels and the CPU op.
+
+    Key j of query row i, head h, sequence b is kept when its 16-bit draw is >= round(p * 2**16):
+    word (j % 8) // 2 of Philox-4x32-10 keyed by the 64-bit seed (low word first) at counter
+    (j // 8, i, h, b), its low half for even j, high half for odd j. `seed` is the int64 seed
+    tensor (one element) or an int. Needs numpy."""
+    import numpy as np
+
+    seed = int(seed.reshape(-1)[0]) if isinstance(seed, torch.Tensor) else int(seed)
+    seed &= (1 << 64) - 1
+    threshold = min(round(dropout_p * 65536), 65535)
+    b, h, i, j = np.meshgrid(np.arange(batch), np.arange(heads), np.arange(seqlen_q), np.arange(seqlen_k),
+                             indexing="ij")
+    counters = tuple(x.astype(np.uint64) for x in (j // 8, i, h, b))
+    words = _philox4x32(counters, (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
+    word = np.choose((j % 8) // 2, words)
+    draw = (word >> (np.uint64(16) * (j % 2).astype(np.uint64))) & np.uint64(0xFFFF)
+    return torch.from_numpy(draw >= threshold), (65536 - threshold) / 65536

@@ -234,7 +234,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
         dv = torch.zeros_like(v, dtype=acc_dtype)
         for piece in _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window):
             r, c = piece.q_rows, piece.kv_rows
-            dq_p, dk_p, dv_p = _backward_op(
+            dq_p, dk_p, dv_p, _ = _backward_op(
                 dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
                 None if dlse is None else dlse[:, :, r], softmax_scale, False, deterministic,
                 piece.window_left, piece.window_right, softcap)

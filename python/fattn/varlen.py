@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _head_dim
-from ._checks import check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of, window_pair
+from . import _dropout, _head_dim
+from ._checks import (
+    check_dropout, check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of, window_pair,
+)
 from ._library import load_library
 from .attention import (
-    AttentionShape, check_attention_variant, check_backward_inputs, check_dropout, check_qkv, eager_autograd,
-    sinks_gradient,
+    AttentionShape, check_attention_variant, check_backward_inputs, check_qkv, eager_autograd, sinks_gradient,
 )
 
 load_library()
@@ -42,7 +43,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
            within the tensors and each sequence at most max_seqlen long.
         max_seqlen_q, max_seqlen_k: the longest sequence (sizes the grid).
         dropout_p ... return_attn_probs: as flash_attn_func; causal and windows are aligned
-           to the bottom-right corner of each sequence's own (seqlen_q, seqlen_k).
+           to the bottom-right corner of each sequence's own (seqlen_q, seqlen_k). Dropout's
+           mask counts rows and keys from each sequence's start, batch = sequence index.
         block_table: flash-attn's paged keys; not supported (raises if given).
         seqused_k: (keyword) int32 [batch]: sequence b attends to its first seqused_k[b] keys.
         return_lse: (keyword) also return lse, float32 [heads, total_q].
@@ -50,7 +52,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     Rows outside every sequence (past cu[batch]) get out 0 and lse 0, and gradient 0.
     """
-    check_dropout("flash_attn_varlen_func", dropout_p)
+    dropout_p = _dropout.check_probability("flash_attn_varlen_func", dropout_p)
     if block_table is not None:
         raise NotImplementedError("fattn.flash_attn_varlen_func: block_table (paged keys) is not supported; "
                                   "pass None")
@@ -60,7 +62,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                 softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes, sinks)
+                                 softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes, sinks,
+                                 dropout_p, _dropout.draw_seed(dropout_p, q.device))
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -92,7 +95,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def _varlen_attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right; args are the op's."""
     q, k, v = args[:3]
-    sinks = args[-1]
+    sinks = args[15]
     if _is_compiling():
         return _forward_op(*args)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
@@ -105,34 +108,37 @@ def _varlen_attention(*args):
 # ---------------------------------------------------------------- autograd
 
 # fattn::varlen_forward's defaults after cu_seqlens_q/k and max_seqlen_q/k (csrc/register.cpp).
-_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None, None]
+_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None, None, 0.0, None]
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]
-    seqused_k, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi, sinks = options
+    (seqused_k, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi, sinks, dropout_p,
+     dropout_seed) = options
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks, dropout_seed)
     ctx.sinks_need_grad = sinks is not None and sinks.requires_grad  # see attention.py
     ctx.options = (max_q, max_k, softmax_scale, causal, deterministic, window_left, window_right, softcap)
+    ctx.dropout_p = dropout_p
     ctx.set_materialize_grads(False)
 
 
 @once_differentiable
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks, dropout_seed = ctx.saved_tensors
     max_q, max_k, softmax_scale, causal, deterministic, window_left, window_right, softcap = ctx.options
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale,
-                              causal, deterministic, window_left, window_right, softcap, alibi)
+                              causal, deterministic, window_left, window_right, softcap, alibi, ctx.dropout_p,
+                              dropout_seed)
     dsinks = None
     if ctx.sinks_need_grad:
         index = torch.arange(q.shape[0], device=q.device)  # rows inside a sequence, read on the device
         rows = (index >= cu_q[0]) & (index < cu_q[-1])
         dsinks = sinks_gradient(sinks, dout, out, lse, dlse, rows)
-    return (dq, dk, dv) + (None,) * 12 + (dsinks,)
+    return (dq, dk, dv) + (None,) * 12 + (dsinks, None, None)
 
 
 torch.library.register_autograd("fattn::varlen_forward", _backward, setup_context=_setup_context)
@@ -172,22 +178,24 @@ def check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @torch.library.register_fake("fattn::varlen_forward")
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
                          softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
-                         softcap=0.0, alibi_slopes=None, sinks=None):
+                         softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=None):
     op = "fattn.varlen_forward"
     s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                             softmax_scale)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
     check_sinks(op, sinks, q, s.heads)
+    check_dropout(op, dropout_p, dropout_seed, q)
     return q.new_empty(q.shape), q.new_empty((s.heads, q.shape[0]), dtype=lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("fattn::varlen_backward")
 def _varlen_backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           seqused_k, softmax_scale, causal, deterministic, window_left=-1, window_right=-1,
-                          softcap=0.0, alibi_slopes=None):
+                          softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_seed=None):
     op = "fattn.varlen_backward"
     s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                             softmax_scale)
     check_backward_inputs(op, s, q, dout, out, lse, dlse)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
+    check_dropout(op, dropout_p, dropout_seed, q)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

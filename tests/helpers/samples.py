@@ -69,6 +69,12 @@ FORWARD_CASES = [
     ("sinks-gqa2-causal", (2, 5, 7, 4, 2, 8), "contiguous", None, True, dict(sinks=True)),
     ("sinks-window0-0-softcap-alibi-rows-without-keys", (1, 12, 5, 2, 2, 8), "contiguous", None, False,
      dict(window=(0, 0), softcap=1.0, alibi="heads", sinks=True)),
+    ("bias-full-gqa2-causal", (2, 5, 7, 4, 2, 8), "contiguous", None, True, dict(bias="full")),
+    ("bias-heads-broadcast-masked-rows-softcap", (2, 9, 6, 2, 2, 16), "strided", 0.5, False,
+     dict(bias="masked", softcap=2.0)),
+    ("dropout0.3-gqa2", (2, 5, 7, 4, 2, 8), "contiguous", None, False, dict(dropout=0.3)),
+    ("dropout0.5-bias-window-sinks-segments", (2, 11, 11, 4, 2, 8), "contiguous", None, True,
+     dict(dropout=0.5, bias="masked", window=(4, -1), sinks=True, segments=True)),
 ]
 
 
@@ -93,35 +99,66 @@ def sinks_for(heads, device):
     return torch.randn(heads, device=device)
 
 
-def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0, packed=False):
-    """(window_left, window_right, softcap, alibi_slopes[, q_segment_ids, kv_segment_ids][, sinks]):
-    the op's variant arguments (packed: no segment ids). Segment ids cut q and k at the same places
-    (self-attention packing)."""
+def bias_for(kind, batch, heads, seqlen_q, seqlen_k, dtype, device):
+    """A bias of the op's dtype: "full" [batch, heads, seqlen_q, seqlen_k], or "masked" [batch, 1,
+    seqlen_q, seqlen_k] (broadcast over heads) with -inf entries and its first row all -inf."""
+    if kind is None:
+        return None
+    bias = torch.randn(batch, heads if kind == "full" else 1, seqlen_q, seqlen_k, device=device)
+    if kind == "masked":
+        bias = bias.masked_fill(torch.rand(bias.shape, device=device) < 0.25, float("-inf"))
+        bias[:, :, :1] = float("-inf")
+    return bias.to(dtype)
+
+
+def dropout_seed_for(device):
+    return torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=device)
+
+
+def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0, packed=False, dtype=torch.float64):
+    """(window_left, window_right, softcap, alibi_slopes[, q_segment_ids, kv_segment_ids][, sinks][, bias],
+    [dropout_p, dropout_seed]): the op's variant arguments (packed: no segment ids or bias), as
+    short as the variant allows. Segment ids cut q and k at the same places (self-attention
+    packing)."""
     window = variant.get("window", (-1, -1))
     args = (window[0], window[1], variant.get("softcap", 0.0), alibi_slopes(variant.get("alibi"), batch, heads, device))
-    if variant.get("segments"):
-        ids = segment_ids(batch, max(seqlen_q, seqlen_k), device, generator_seed=seqlen_q * 31 + seqlen_k)
-        args += (ids[:, :seqlen_q].contiguous(), ids[:, max(seqlen_q, seqlen_k) - seqlen_k:].contiguous())
-    if variant.get("sinks"):
-        if not packed and not variant.get("segments"):
-            args += (None, None)
-        args += (sinks_for(heads, device),)
+    later = [("segments", 2), ("sinks", 1), ("bias", 1), ("dropout", 2)]
+    last = max([i for i, (key, _) in enumerate(later) if variant.get(key)], default=-1)
+    for i, (key, width) in enumerate(later[:last + 1]):
+        if packed and key in ("segments", "bias"):
+            continue
+        if key == "segments" and variant.get("segments"):
+            ids = segment_ids(batch, max(seqlen_q, seqlen_k), device, generator_seed=seqlen_q * 31 + seqlen_k)
+            args += (ids[:, :seqlen_q].contiguous(), ids[:, max(seqlen_q, seqlen_k) - seqlen_k:].contiguous())
+        elif key == "sinks" and variant.get("sinks"):
+            args += (sinks_for(heads, device),)
+        elif key == "bias" and variant.get("bias"):
+            args += (bias_for(variant["bias"], batch, heads, seqlen_q, seqlen_k, dtype, device),)
+        elif key == "dropout" and variant.get("dropout"):
+            args += (variant["dropout"], dropout_seed_for(device))
+        else:
+            args += (None,) * width if key != "dropout" else (0.0, None)
     return args
 
 
 def backward_variant_args(forward_variant):
     """The backward's variant arguments from the forward's: all but the sinks (the backward reads
-    them through lse)."""
-    return tuple(forward_variant[:6])
+    them through lse), with bias_grad set when there is a bias."""
+    args = tuple(forward_variant[:6])
+    if len(forward_variant) > 7:
+        bias = forward_variant[7]
+        args += (None,) * (6 - len(args)) + (bias, bias is not None, *forward_variant[8:10])
+    return args
 
 
 def reference_variant(forward_args):
     """fattn.reference.attention_reference's keywords for a forward sample's variant arguments."""
     window_left, window_right, softcap, alibi = forward_args[6:10]
-    segments = tuple(forward_args[10:12]) + (None, None)
-    sinks = forward_args[12] if len(forward_args) > 12 else None
+    defaults = (None, None, None, None, 0.0, None)  # segment ids, sinks, bias, dropout_p, dropout_seed
+    rest = tuple(forward_args[10:]) + defaults[len(forward_args[10:]):]
     return dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi,
-                q_segment_ids=segments[0], kv_segment_ids=segments[1], sinks=sinks)
+                q_segment_ids=rest[0], kv_segment_ids=rest[1], sinks=rest[2], bias=rest[3], dropout_p=rest[4],
+                dropout_seed=rest[5])
 
 
 def forward_samples(device, dtype, requires_grad=False):
@@ -131,7 +168,8 @@ def forward_samples(device, dtype, requires_grad=False):
         q, k, v = make_qkv(*shape, dtype, device, layout=layout)
         if requires_grad:
             q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        options = forward_variant_args(variant[0] if variant else {}, shape[0], shape[3], device, shape[1], shape[2])
+        options = forward_variant_args(variant[0] if variant else {}, shape[0], shape[3], device, shape[1], shape[2],
+                                       dtype=dtype)
         yield Sample(name, (q, k, v, softmax_scale, causal, False, *options))
 
 
@@ -256,7 +294,7 @@ def varlen_backward_samples(device, dtype):
         out, lse = VARLEN_FORWARD(*sample.args)
         dlse = torch.randn_like(lse) if i % 2 == 0 else None
         yield Sample(sample.name, (torch.randn_like(out), q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, used,
-                                   scale, causal, deterministic, *variant[:4]))
+                                   scale, causal, deterministic, *variant[:4], *variant[5:7]))
 
 
 SAMPLE_INPUTS = {"forward": forward_samples, "backward": backward_samples, "decode": decode_samples,

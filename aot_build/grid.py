@@ -92,6 +92,22 @@ def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
     return dict(tile)
 
 
+def _flag_overrides(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> dict:
+    """Launch options that differ for some flag values: configs.json's "flag_overrides", a list of
+    {"flags": {...}, "archs": [...], "buckets": [...], "set": {...}, "why": "..."} entries, applied
+    in order to every variant whose flags, arch and bucket match (e.g. fewer pipeline stages for
+    the SCORE_MOD variants, whose bias and dropout code needs shared memory of its own)."""
+    out = {}
+    for entry in kcfg.get("flag_overrides", []):
+        unknown = set(entry["flags"]) - set(kcfg["flags"])
+        if unknown:
+            raise GridError(f"configs.json: {kernel} flag_overrides name unknown flags {sorted(unknown)}")
+        if (all(flags[n] == v for n, v in entry["flags"].items()) and arch in entry.get("archs", [arch])
+                and bucket in entry.get("buckets", [bucket])):
+            out.update(entry["set"])
+    return out
+
+
 def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]:
     """All variants to build, in a stable order."""
     config = load_config() if config is None else config
@@ -101,11 +117,13 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
         buckets = selected_buckets(kcfg, env)
         flag_names = list(kcfg["flags"])
         for arch, dtype, bucket in itertools.product(archs, kcfg["dtypes"], buckets):
-            tile = _tile_config(kernel, kcfg, arch, bucket)
-            num_warps = tile.pop("num_warps")
-            num_stages = tile.pop("num_stages")
+            base = _tile_config(kernel, kcfg, arch, bucket)
             for flag_values in itertools.product(*(kcfg["flags"][n] for n in flag_names)):
-                constants = dict(tile, BLOCK_D=bucket, **dict(zip(flag_names, flag_values)))
+                flags = dict(zip(flag_names, flag_values))
+                tile = dict(base, **_flag_overrides(kernel, kcfg, arch, bucket, flags))
+                num_warps = tile.pop("num_warps")
+                num_stages = tile.pop("num_stages")
+                constants = dict(tile, BLOCK_D=bucket, **flags)
                 variants.append(Variant(kernel, kcfg["source"], arch, dtype,
                                         tuple(sorted(constants.items())), num_warps, num_stages))
     return variants

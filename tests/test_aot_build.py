@@ -61,6 +61,25 @@ def test_every_arch_and_bucket_has_a_config():
     assert config["shared_memory_limit"]["75"] == 64 * 1024
 
 
+def test_flag_overrides_change_only_the_matching_variants():
+    config = grid.load_config()
+    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128"}
+    kcfg = config["kernels"]["attn_fwd"]
+    kcfg["flag_overrides"] = []
+    base = {(v.kernel, v.arch, v.dtype, v.constants): v for v in grid.expand(config, env)}
+    kcfg["flag_overrides"] = [{"flags": {"SCORE_MOD": True}, "archs": [80], "buckets": [64],
+                               "set": {"num_stages": 1, "BLOCK_N": 32}}]
+    changed = [v for v in grid.expand(config, env) if (v.kernel, v.arch, v.dtype, v.constants) not in base
+               or base[(v.kernel, v.arch, v.dtype, v.constants)].num_stages != v.num_stages]
+    assert changed and all(v.kernel == "attn_fwd" and v.arch == 80 and v.constant_dict["BLOCK_D"] == 64
+                           and v.constant_dict["SCORE_MOD"] and v.num_stages == 1
+                           and v.constant_dict["BLOCK_N"] == 32 for v in changed)
+    assert len(changed) == 4  # fp16/bf16 x PAD_D
+    kcfg["flag_overrides"] = [{"flags": {"NO_SUCH_FLAG": True}, "set": {"num_stages": 1}}]
+    with pytest.raises(grid.GridError, match="unknown flags"):
+        grid.expand(config, env)
+
+
 def test_over_shared_memory_is_a_build_error(tmp_path):
     base = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "256"})
                 if v.kernel == "attn_fwd")

@@ -184,7 +184,7 @@ def _philox4x32(counters, key):
 
 def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
     """(keep, keep_probability): fattn's dropout mask, bool [batch, heads, seqlen_q, seqlen_k], written
-    from its definition (docs/DESIGN.md, "Dropout") independently of the kernels and the CPU op.
+    from its definition (docs/DESIGN.md, rule 11) independently of the kernels and the CPU op.
 
     Key j of query row i, head h, sequence b is kept when its 16-bit draw is >= round(p * 2**16):
     word (j % 8) // 2 of Philox-4x32-10 keyed by the 64-bit seed (low word first) at counter

@@ -131,8 +131,8 @@ def _dkdv_query_tiles(
         if SCORE_MOD:
             if MASKED:
                 if dropout_threshold > 0:
-                    keep_t = tl.trans(dropout_keep(seed, batch, head, rows, start_n, dropout_threshold,
-                                                   BLOCK_M, BLOCK_N))
+                    keep_t = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N,
+                                          True)
                     p_kept_t = tl.where(keep_t, p_t * dropout_scale, 0.0)
                     dp_t = tl.where(keep_t, dp_t * dropout_scale, 0.0)
         dv += tl.dot(p_kept_t.to(do.dtype), do)
@@ -236,7 +236,7 @@ def attn_bwd_dkdv(
 @triton.jit
 def _dq_key_tiles(
     dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
-    offs_m, offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
+    start_m, offs_m, offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
     seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
@@ -268,7 +268,7 @@ def _dq_key_tiles(
         if SCORE_MOD:
             if MASKED:
                 if dropout_threshold > 0:
-                    keep = dropout_keep(seed, batch, head, offs_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N)
+                    keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
                     dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SCORE_MOD:
@@ -335,13 +335,13 @@ def attn_bwd_dq(
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head * stride_biash
     # The fully visible key tiles without a mask, then the window's two edges with it.
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
-                       full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-                       alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
+                       offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
+                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
                        seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, offs_m, offs_d, lo, full_lo,
-                       full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-                       alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
+                       offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
+                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
                        seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)

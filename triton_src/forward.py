@@ -40,7 +40,7 @@ from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, seed_tens
 def _attend_key_tiles(
     acc, l_i, m_i, q,
     k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
-    offs_m, offs_n, offs_d,
+    start_m, offs_m, offs_n, offs_d,
     lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
     seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold,
@@ -88,7 +88,8 @@ def _attend_key_tiles(
         if MASKED:
             if SCORE_MOD:
                 if dropout_threshold > 0:
-                    keep = dropout_keep(seed, batch, head, offs_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N)
+                    keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N,
+                                        False)
                     p = tl.where(keep, p, 0.0)
 
         if MASKED:
@@ -187,13 +188,13 @@ def attn_fwd(
     # The fully visible middle without a mask, then the window's two edges (and the end of
     # the keys) with it.
     acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
-        lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
+        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
         alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
         dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_d,
-        lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
+        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
         alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
         dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
     if SCORE_MOD:

@@ -29,9 +29,12 @@ Words philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, ui
 
 bool Dropout::keep(int64_t b, int64_t h, int64_t i, int64_t j) const {
   if (!active()) return true;
-  const Words r = philox(static_cast<uint32_t>(j / 8), static_cast<uint32_t>(i), static_cast<uint32_t>(h),
-                         static_cast<uint32_t>(b), static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const uint32_t word = r.w[(j % 8) / 2];
+  // One call serves rows {i, i + 8} x keys {k, k + 1, k + 8, k + 9} (docs/DESIGN.md, rule 11).
+  const auto key_group = static_cast<uint32_t>((j / 16) * 4 + (j % 8) / 2);
+  const auto row_group = static_cast<uint32_t>((i / 16) * 8 + i % 8);
+  const Words r = philox(key_group, row_group, static_cast<uint32_t>(h), static_cast<uint32_t>(b),
+                         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const uint32_t word = r.w[2 * ((i / 8) % 2) + (j / 8) % 2];
   const uint32_t draw = (word >> (16 * (j % 2))) & 0xFFFFu;
   return draw >= static_cast<uint32_t>(threshold);
 }

@@ -5,8 +5,10 @@
 // The keep-mask is a function of (seed, batch, head, query row, key) only, never of the
 // tiling, so the forward, the backward and this CPU implementation draw the same mask:
 // Philox-4x32-10 (Triton's tl.philox) keyed by the 64-bit seed, low word first, at counter
-// (key / 8, row, head, batch); its four 32-bit words hold eight 16-bit draws, key 8g + 2t + s
-// taking bits [16 s, 16 s + 16) of word t; a key is kept when its draw >= threshold =
+// ((key / 16) * 4 + (key % 8) / 2, (row / 16) * 8 + row % 8, head, batch); its four 32-bit
+// words hold the eight 16-bit draws of rows {i, i + 8} x keys {k, k + 1, k + 8, k + 9}, row
+// i + 8a and key k + 8b + s taking bits [16 s, 16 s + 16) of word 2a + b (docs/DESIGN.md, rule
+// 11); a key is kept when its draw >= threshold =
 // round(p * 2**16) (at most 2**16 - 1). p is therefore rounded to a multiple of 2**-16, and the
 // scale is 2**16 / (2**16 - threshold), the exact inverse of the keep probability.
 // triton_src/common.py's dropout_keep is the kernels' side.

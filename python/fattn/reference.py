@@ -187,9 +187,9 @@ def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
     from its definition (docs/DESIGN.md, rule 11) independently of the kernels and the CPU op.
 
     Key j of query row i, head h, sequence b is kept when its 16-bit draw is >= round(p * 2**16):
-    word (j % 8) // 2 of Philox-4x32-10 keyed by the 64-bit seed (low word first) at counter
-    (j // 8, i, h, b), its low half for even j, high half for odd j. `seed` is the int64 seed
-    tensor (one element) or an int. Needs numpy."""
+    word 2 * ((i // 8) % 2) + (j // 8) % 2 of Philox-4x32-10 keyed by the 64-bit seed (low word
+    first) at counter ((j // 16) * 4 + (j % 8) // 2, (i // 16) * 8 + i % 8, h, b), its low half for
+    even j, high half for odd j. `seed` is the int64 seed tensor (one element) or an int. Needs numpy."""
     import numpy as np
 
     seed = int(seed.reshape(-1)[0]) if isinstance(seed, torch.Tensor) else int(seed)
@@ -197,8 +197,10 @@ def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
     threshold = min(round(dropout_p * 65536), 65535)
     b, h, i, j = np.meshgrid(np.arange(batch), np.arange(heads), np.arange(seqlen_q), np.arange(seqlen_k),
                              indexing="ij")
-    counters = tuple(x.astype(np.uint64) for x in (j // 8, i, h, b))
+    key_group = (j // 16) * 4 + (j % 8) // 2
+    row_group = (i // 16) * 8 + i % 8
+    counters = tuple(x.astype(np.uint64) for x in (key_group, row_group, h, b))
     words = _philox4x32(counters, (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
-    word = np.choose((j % 8) // 2, words)
+    word = np.choose(2 * ((i // 8) % 2) + (j // 8) % 2, words)
     draw = (word >> (np.uint64(16) * (j % 2).astype(np.uint64))) & np.uint64(0xFFFF)
     return torch.from_numpy(draw >= threshold), (65536 - threshold) / 65536

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")  # an optional dependency: CI installs it
+import fattn  # noqa: E402
 import fattn.integrations.transformers  # noqa: E402,F401  (registers "fattn")
 from helpers import requires_gpu  # noqa: E402
 
@@ -94,6 +95,48 @@ def test_attention_weights_are_refused_clearly():
     model.set_attn_implementation("fattn")
     with pytest.raises(ValueError, match="output_attentions"):
         model(torch.zeros(1, 4, dtype=torch.long), output_attentions=True)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_training_mode_passes_the_attention_dropout(monkeypatch, padded):
+    """A module in training mode hands its attention_dropout to fattn (dense or packed call), whose
+    dropout then acts: the same seed reproduces the logits and their gradients run, another seed
+    changes them, and eval mode passes 0."""
+    config = transformers.LlamaConfig(**{**CONFIGS["llama"].to_dict(), "attention_dropout": 0.5})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="fattn")
+    seen = []
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        real = getattr(fattn, name)
+
+        def recording(*args, _real=real, _name=name, **kwargs):
+            seen.append((_name, args[3] if _name == "flash_attn_func" else args[7]))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(fattn, name, recording)
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :4] = 0
+
+    def logits(seed):
+        torch.manual_seed(seed)
+        return model(ids, attention_mask=mask).logits
+
+    model.train()
+    first = logits(7)
+    assert {p for _, p in seen} == {0.5}
+    assert {n for n, _ in seen} == {"flash_attn_varlen_func" if padded else "flash_attn_func"}
+    valid = mask.bool()
+    assert torch.equal(first[valid], logits(7)[valid])
+    assert not torch.allclose(first[valid], logits(8)[valid])
+    first[valid].sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    seen.clear()
+    model.eval()
+    with torch.no_grad():
+        evaluated = model(ids, attention_mask=mask).logits
+    assert {p for _, p in seen} == {0.0}
+    assert not torch.allclose(first[valid], evaluated[valid])
 
 
 @requires_gpu

@@ -117,17 +117,9 @@ def segment_ids(base, idx, n, use_segments):
 @triton.jit
 def mask_every_tile(full_lo, full_hi, hi, BLOCK: tl.constexpr, every_tile):
     """An empty unmasked range when every_tile != 0, so that the masked loop covers the whole
-    visible range: segment ids (any tile may mix segments), a bias (any score may be -inf, so
-    any row of any tile may be empty) and dropout, whose code lives in the masked loop only so
-    that plain tiles pay nothing for it. Returns (full_lo, full_hi)."""
+    visible range: segment ids, since any tile may mix segments. Returns (full_lo, full_hi)."""
     end = tl.cdiv(hi, BLOCK) * BLOCK
     return tl.where(every_tile != 0, end, full_lo), tl.where(every_tile != 0, end, full_hi)
-
-
-@triton.jit
-def every_tile_masked(use_segments, use_bias, dropout_threshold):
-    """1 when the masked loop must visit every tile (mask_every_tile), else 0."""
-    return tl.where((use_segments != 0) | (use_bias != 0) | (dropout_threshold > 0), 1, 0)
 
 
 @triton.jit

@@ -22,14 +22,14 @@ grows with the window, not the sequence.
 
 SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
 (-slope * |i + seqlen_k - seqlen_q - j|) to every tile, and take an additive bias and
-dropout, which mask every tile; all are runtime values there, so one variant serves any mix.
+dropout, also in every tile; all are runtime values there, so one variant serves any mix.
 """
 
 import triton
 import triton.language as tl
 
 from .common import (
-    alibi_slope_log2, bias_log2, dropout_keep, every_tile_masked, initial_softmax_state, key_visible, mask_every_tile,
+    alibi_slope_log2, bias_log2, dropout_keep, initial_softmax_state, key_visible, mask_every_tile,
     modified_scores, segment_ids, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
     visible_key_range,
 )
@@ -52,10 +52,10 @@ def _attend_key_tiles(
 
     `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
     key_visible (window, causal, end of the keys) and the segment ids (q_seg per row against
-    the keys' ids at kv_seg_base); the others are visible to every row. A bias and dropout
-    (SCORE_MOD variants, every tile masked: mask_every_tile) are applied in MASKED tiles: the
-    bias joins the scores, dropout zeroes the dropped probabilities in what reaches V (the row
-    sums keep them: dropout acts after the softmax).
+    the keys' ids at kv_seg_base); the others are visible to every row. SCORE_MOD tiles, masked
+    or not, add the bias to the scores and zero the dropped probabilities in what reaches V (the
+    row sums keep them: dropout acts after the softmax). They leave the unmasked middle to the
+    unmasked loop: the window's masks cost more than the bias and dropout themselves.
     """
     d_in_range = offs_d < head_dim
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
@@ -76,21 +76,19 @@ def _attend_key_tiles(
         qk = tl.dot(q, k) * qk_scale
         if SCORE_MOD:
             qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
+            if use_bias != 0:
+                qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
         if MASKED:
-            if SCORE_MOD:
-                if use_bias != 0:
-                    qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             qk = tl.where(visible, qk, float("-inf"))
-        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
-        if MASKED:
-            if SCORE_MOD:
-                if dropout_threshold > 0:
-                    keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N,
-                                        False)
-                    p = tl.where(keep, p, 0.0)
+        # A bias may hide every key of a row in any tile (a boolean mask's False is -inf).
+        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED or SCORE_MOD)
+        if SCORE_MOD:
+            if dropout_threshold > 0:
+                keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
+                p = tl.where(keep, p, 0.0)
 
         if MASKED:
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)
@@ -136,7 +134,7 @@ def attn_fwd(
     stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype, added to the
     scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
     dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
-    1 / keep probability. Both make every tile masked.
+    1 / keep probability.
     """
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
@@ -176,12 +174,10 @@ def attn_fwd(
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
     if SCORE_MOD:
-        every_tile = every_tile_masked(use_segments, use_bias, dropout_threshold)
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
-        every_tile = use_segments
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, every_tile)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head.to(tl.int64) * stride_biash

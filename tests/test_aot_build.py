@@ -67,12 +67,12 @@ def test_flag_overrides_change_only_the_matching_variants():
     kcfg = config["kernels"]["attn_fwd"]
     kcfg["flag_overrides"] = []
     base = {(v.kernel, v.arch, v.dtype, v.constants): v for v in grid.expand(config, env)}
-    kcfg["flag_overrides"] = [{"flags": {"SCORE_MOD": True}, "archs": [80], "buckets": [64],
+    kcfg["flag_overrides"] = [{"flags": {"SCORE_MOD": 2}, "archs": [80], "buckets": [64],
                                "set": {"num_stages": 1, "BLOCK_N": 32}}]
     changed = [v for v in grid.expand(config, env) if (v.kernel, v.arch, v.dtype, v.constants) not in base
                or base[(v.kernel, v.arch, v.dtype, v.constants)].num_stages != v.num_stages]
     assert changed and all(v.kernel == "attn_fwd" and v.arch == 80 and v.constant_dict["BLOCK_D"] == 64
-                           and v.constant_dict["SCORE_MOD"] and v.num_stages == 1
+                           and v.constant_dict["SCORE_MOD"] == 2 and v.num_stages == 1
                            and v.constant_dict["BLOCK_N"] == 32 for v in changed)
     assert len(changed) == 4  # fp16/bf16 x PAD_D
     kcfg["flag_overrides"] = [{"flags": {"NO_SUCH_FLAG": True}, "set": {"num_stages": 1}}]

@@ -102,9 +102,9 @@ def _dkdv_query_tiles(
     """Adds query rows of one head to this key tile's dK, dV (transposed math: the key tile is
     the M side of every product): the rows that see the whole tile, [full_lo, full_hi), or,
     MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop. kv_seg: the tile's
-    keys' segment ids. SCORE_MOD tiles, masked or not, add the bias, write dS as d bias
-    (write_dbias != 0) and apply the forward's dropout mask: dV takes the kept probabilities, dP is kept
-    and rescaled the same way, dS = P * (dP - delta)."""
+    keys' segment ids. SCORE_MOD 2 tiles apply the forward's dropout mask (every tile) and, masked
+    (a bias masks every tile), add the bias and write dS as d bias (write_dbias != 0). Dropout: dV
+    takes the kept probabilities, dP is kept and rescaled the same way, dS = P * (dP - delta)."""
     offs_m = tl.arange(0, BLOCK_M)
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_M, MASKED)
     for tile in range(start, stop, BLOCK_M):
@@ -117,8 +117,10 @@ def _dkdv_query_tiles(
         qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
         if SCORE_MOD:
             qk_t, dcap_t = modified_scores(qk_t, rows[None, :], offs_n[:, None], diagonal, softcap_log2, alibi_log2)
-            if use_bias != 0:
-                qk_t += bias_log2(bias_base, stride_biasq, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k)
+        if MASKED:
+            if SCORE_MOD == 2:
+                if use_bias != 0:
+                    qk_t += bias_log2(bias_base, stride_biasq, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k)
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if MASKED:
             visible = key_visible(rows[None, :], offs_n[:, None], seqlen_k, diagonal, window_left, window_right)
@@ -127,18 +129,20 @@ def _dkdv_query_tiles(
             p_t = tl.where(visible, p_t, 0.0)
         dp_t = tl.dot(v, tl.trans(do))
         p_kept_t = p_t
-        if SCORE_MOD:
+        if SCORE_MOD == 2:
             if dropout_threshold > 0:
                 keep_t = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, True)
                 p_kept_t = tl.where(keep_t, p_t * dropout_scale, 0.0)
                 dp_t = tl.where(keep_t, dp_t * dropout_scale, 0.0)
         dv += tl.dot(p_kept_t.to(do.dtype), do)
         ds_t = p_t * (dp_t - delta[None, :])
+        if MASKED:
+            if SCORE_MOD == 2:
+                if write_dbias != 0:
+                    tl.store(dbias_base + rows[None, :].to(tl.int64) * stride_dbiasq + offs_n[:, None],
+                             ds_t.to(dbias_base.dtype.element_ty),
+                             mask=(rows < seqlen_q)[None, :] & (offs_n < seqlen_k)[:, None])
         if SCORE_MOD:
-            if write_dbias != 0:
-                tl.store(dbias_base + rows[None, :].to(tl.int64) * stride_dbiasq + offs_n[:, None],
-                         ds_t.to(dbias_base.dtype.element_ty),
-                         mask=(rows < seqlen_q)[None, :] & (offs_n < seqlen_k)[:, None])
             ds_t *= dcap_t
         dk += tl.dot(ds_t.to(q.dtype), q)
     return dk, dv
@@ -191,11 +195,11 @@ def attn_bwd_dkdv(
     diagonal = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
-    if SCORE_MOD:
+    if SCORE_MOD == 2:
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_segments)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_segments | use_bias)
     kv_seg = segment_ids(KvSegmentIds + batch * stride_kvsegb, offs_n, seqlen_k, use_segments)
     q_seg_base = QSegmentIds + batch * stride_qsegb
     for g in range(0, kv_group_size):
@@ -249,8 +253,10 @@ def _dq_key_tiles(
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         if SCORE_MOD:
             qk, dcap = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
-            if use_bias != 0:
-                qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
+        if MASKED:
+            if SCORE_MOD == 2:
+                if use_bias != 0:
+                    qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
         p = tl.math.exp2(qk - lse[:, None])
         if MASKED:
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -258,7 +264,7 @@ def _dq_key_tiles(
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
-        if SCORE_MOD:
+        if SCORE_MOD == 2:
             if dropout_threshold > 0:
                 keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
                 dp = tl.where(keep, dp * dropout_scale, 0.0)
@@ -316,11 +322,11 @@ def attn_bwd_dq(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    if SCORE_MOD:
+    if SCORE_MOD == 2:
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments | use_bias)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head * stride_biash

@@ -117,7 +117,8 @@ def segment_ids(base, idx, n, use_segments):
 @triton.jit
 def mask_every_tile(full_lo, full_hi, hi, BLOCK: tl.constexpr, every_tile):
     """An empty unmasked range when every_tile != 0, so that the masked loop covers the whole
-    visible range: segment ids, since any tile may mix segments. Returns (full_lo, full_hi)."""
+    visible range: segment ids (any tile may mix segments) and a bias (any score may be -inf, so
+    any row of any tile may be empty). Returns (full_lo, full_hi)."""
     end = tl.cdiv(hi, BLOCK) * BLOCK
     return tl.where(every_tile != 0, end, full_lo), tl.where(every_tile != 0, end, full_hi)
 

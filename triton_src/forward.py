@@ -21,8 +21,9 @@ at the end of the keys (one loop that jumps from the left edge to the right) pay
 grows with the window, not the sequence.
 
 SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
-(-slope * |i + seqlen_k - seqlen_q - j|) to every tile, and take an additive bias and
-dropout, also in every tile; all are runtime values there, so one variant serves any mix.
+(-slope * |i + seqlen_k - seqlen_q - j|) to every tile; SCORE_MOD 2 also takes an additive bias
+and dropout, whose code SCORE_MOD 1 leaves out (it costs registers even when unused). All are
+runtime values inside, so one variant serves any mix.
 """
 
 import triton
@@ -52,10 +53,11 @@ def _attend_key_tiles(
 
     `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
     key_visible (window, causal, end of the keys) and the segment ids (q_seg per row against
-    the keys' ids at kv_seg_base); the others are visible to every row. SCORE_MOD tiles, masked
-    or not, add the bias to the scores and zero the dropped probabilities in what reaches V (the
-    row sums keep them: dropout acts after the softmax). They leave the unmasked middle to the
-    unmasked loop: the window's masks cost more than the bias and dropout themselves.
+    the keys' ids at kv_seg_base); the others are visible to every row. SCORE_MOD 1 adds the
+    softcap and ALiBi to every tile; SCORE_MOD 2 also zeroes the dropped probabilities of every
+    tile in what reaches V (the row sums keep them: dropout acts after the softmax) and adds a
+    bias, which makes every tile masked (mask_every_tile): loaded in the unmasked loop, the bias
+    tile made ptxas serialize the wgmma pipeline.
     """
     d_in_range = offs_d < head_dim
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
@@ -76,16 +78,17 @@ def _attend_key_tiles(
         qk = tl.dot(q, k) * qk_scale
         if SCORE_MOD:
             qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
-            if use_bias != 0:
-                qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
         if MASKED:
+            if SCORE_MOD == 2:
+                if use_bias != 0:
+                    qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             qk = tl.where(visible, qk, float("-inf"))
         # A bias may hide every key of a row in any tile (a boolean mask's False is -inf).
-        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED or SCORE_MOD)
-        if SCORE_MOD:
+        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
+        if SCORE_MOD == 2:
             if dropout_threshold > 0:
                 keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
                 p = tl.where(keep, p, 0.0)
@@ -130,7 +133,7 @@ def attn_fwd(
     QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
-    SCORE_MOD variants also take a bias (use_bias != 0; dense layout only): Bias + batch *
+    SCORE_MOD 2 variants also take a bias (use_bias != 0; dense layout only; every tile masked): Bias + batch *
     stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype, added to the
     scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
     dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
@@ -173,11 +176,11 @@ def attn_fwd(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    if SCORE_MOD:
+    if SCORE_MOD == 2:
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments | use_bias)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head.to(tl.int64) * stride_biash
@@ -193,7 +196,7 @@ def attn_fwd(
         offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
         alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
         dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
-    if SCORE_MOD:
+    if SCORE_MOD == 2:
         acc *= dropout_scale  # 1 without dropout
 
     # Rows that saw no key (outside every window, or causal with seqlen_q > seqlen_k) give

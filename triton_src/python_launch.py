@@ -83,8 +83,11 @@ class Variant:
         return dict(DropoutSeed=seed, dropout_threshold=threshold, dropout_scale=65536 / (65536 - threshold))
 
     @property
-    def score_mod(self) -> bool:
-        return self.softcap > 0 or self.alibi is not None or self.bias is not None or self.dropout_p > 0
+    def score_mod(self) -> int:
+        """The SCORE_MOD variant, as csrc/attention/attention_variant.h's score_mod() picks it."""
+        if self.bias is not None or self.dropout_p > 0:
+            return 2
+        return 1 if self.softcap > 0 or self.alibi is not None else 0
 
 
 def dropout_threshold(p: float) -> int:

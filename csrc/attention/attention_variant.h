@@ -31,9 +31,12 @@ struct AttentionVariant {
   Dropout dropout;             // attention/dropout.h
   std::optional<Tensor> dropout_seed;
 
-  // The kernels' SCORE_MOD variants serve all of these.
-  bool modifies_scores() const {
-    return softcap > 0 || alibi_slopes.has_value() || bias.has_value() || dropout.active();
+  // The kernel variant that serves this call: SCORE_MOD 0 for none of these, 1 for the softcap
+  // and ALiBi, 2 when a bias or dropout is given too (their code costs registers even unused,
+  // so the variants without them leave it out).
+  int64_t score_mod() const {
+    if (bias.has_value() || dropout.active()) return 2;
+    return softcap > 0 || alibi_slopes.has_value() ? 1 : 0;
   }
   bool visible(int64_t i, int64_t j, int64_t diagonal) const {
     return (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right);

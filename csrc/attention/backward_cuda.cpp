@@ -33,7 +33,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
-  const bool score_mod = variant.modifies_scores();
+  const int64_t score_mod = variant.score_mod();
   const auto dkdv = choose<attn_bwd_dkdv>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
   const auto dqk = choose<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
   const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),

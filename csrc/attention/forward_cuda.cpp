@@ -19,7 +19,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
                                           const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
                                           const std::optional<Tensor>& seqused_k = std::nullopt) {
   const auto fwd = choose<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
-                                    {.SCORE_MOD = variant.modifies_scores()});
+                                    {.SCORE_MOD = variant.score_mod()});
   const runtime::Grid grid{ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M)), dim(s.heads), dim(s.batch)};
   check_grid(op, grid, "query tiles", "heads", "batch");
 

@@ -333,12 +333,14 @@ def attn_bwd_dq(
     # The fully visible key tiles without a mask, then the window's two edges with it.
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
                        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
-                       seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
+                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
+                       stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+                       PAD_D, False, SCORE_MOD)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
                        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
-                       seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
+                       stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+                       PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 

@@ -135,6 +135,16 @@ def bias_log2(bias_base, stride_biasq, rows, cols, seqlen_q, seqlen_k):
 
 
 @triton.jit
+def _call_grid_to_tile_view(w, KEYS_FIRST: tl.constexpr):
+    """dropout_keep's call grid [KG, 4, RG, 8] (KEYS_FIRST) or [RG, 8, KG, 4] with size-1 dims
+    where the 7-d tile view has a, b and s."""
+    if KEYS_FIRST:
+        return w[:, None, :, None, :, None, :]
+    else:
+        return w[:, None, :, :, None, :, None]
+
+
+@triton.jit
 def dropout_keep(seed, batch, head, row0, key0, threshold,
                  BLOCK_ROWS: tl.constexpr, BLOCK_KEYS: tl.constexpr, KEYS_FIRST: tl.constexpr):
     """The dropout keep-mask of query rows row0 + arange(BLOCK_ROWS) and keys key0 +
@@ -170,20 +180,16 @@ def dropout_keep(seed, batch, head, row0, key0, threshold,
     w0, w1, w2, w3 = tl.philox(seed, c0, c1, c2, c3)
     # Spread each call over its 8 elements: a = (i // 8) % 2, b = (k // 8) % 2, s = k % 2, in a
     # 7-d view of the tile whose reshape is the tile itself.
+    w0 = _call_grid_to_tile_view(w0, KEYS_FIRST)
+    w1 = _call_grid_to_tile_view(w1, KEYS_FIRST)
+    w2 = _call_grid_to_tile_view(w2, KEYS_FIRST)
+    w3 = _call_grid_to_tile_view(w3, KEYS_FIRST)
     two = tl.arange(0, 2)
     if KEYS_FIRST:  # [KG, b, 4, s, RG, a, 8]
-        w0 = w0[:, None, :, None, :, None, :]
-        w1 = w1[:, None, :, None, :, None, :]
-        w2 = w2[:, None, :, None, :, None, :]
-        w3 = w3[:, None, :, None, :, None, :]
         a = two[None, None, None, None, None, :, None]
         b = two[None, :, None, None, None, None, None]
         s = two[None, None, None, :, None, None, None]
     else:  # [RG, a, 8, KG, b, 4, s]
-        w0 = w0[:, None, :, :, None, :, None]
-        w1 = w1[:, None, :, :, None, :, None]
-        w2 = w2[:, None, :, :, None, :, None]
-        w3 = w3[:, None, :, :, None, :, None]
         a = two[None, :, None, None, None, None, None]
         b = two[None, None, None, None, :, None, None]
         s = two[None, None, None, None, None, None, :]

@@ -86,7 +86,6 @@ def _attend_key_tiles(
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             qk = tl.where(visible, qk, float("-inf"))
-        # A bias may hide every key of a row in any tile (a boolean mask's False is -inf).
         p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
         if SCORE_MOD == 2:
             if dropout_threshold > 0:
@@ -133,9 +132,9 @@ def attn_fwd(
     QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
-    SCORE_MOD 2 variants also take a bias (use_bias != 0; dense layout only; every tile masked): Bias + batch *
-    stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype, added to the
-    scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
+    SCORE_MOD 2 variants also take a bias (use_bias != 0; dense layout only; every tile masked):
+    Bias + batch * stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype,
+    added to the scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
     dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
     1 / keep probability.
     """
@@ -188,14 +187,14 @@ def attn_fwd(
     # the keys) with it.
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
-        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-        alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
-        dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
+        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
+        softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
+        seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
-        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale, softcap_log2,
-        alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head,
-        dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
+        softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
+        seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
     if SCORE_MOD == 2:
         acc *= dropout_scale  # 1 without dropout
 

@@ -79,8 +79,9 @@ def decode_calls(b, cache, h, d, device, peers, append):
     calls = {
         "fattn": (lambda: fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens),
                   None),
-        "fattn_op": (lambda: torch.ops.fattn.decode.default(q, k_cache, v_cache, k_new, v_new, seqlens, None, None,
-                                                            False, -1, -1, 0.0, 0), None),
+        "fattn_op": (lambda: torch.ops.fattn.decode.default(q, k_cache, v_cache, k_new, v_new, None, None, seqlens,
+                                                            None, None, None, None, False, -1, -1, 0.0, True,
+                                                            None, 0), None),
     }
     qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
 

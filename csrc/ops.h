@@ -64,14 +64,17 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward_cpu(FATTN_VARLEN_BACKWARD_ARG
 std::tuple<Tensor, Tensor> merge_cuda(Tensor outs, Tensor lses);
 std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
 
-// fattn::decode: attention of 1..16 query tokens per sequence over a (paged) KV cache, after
-// appending the optional new tokens k/v in place at cache_seqlens. Returns out [batch,
+// fattn::decode: attention of a sequence's new query tokens over its (paged) KV cache, after
+// appending the optional new tokens k/v in place at cache_seqlens (rotated first when
+// rotary_cos/sin are given). flash-attn's flash_attn_with_kvcache order. Returns out [batch,
 // seqlen_q, heads, head_dim] (q's dtype) and lse [batch, heads, seqlen_q].
 #define FATTN_DECODE_ARGS Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k, \
-                          std::optional<Tensor> v, std::optional<Tensor> cache_seqlens, \
+                          std::optional<Tensor> v, std::optional<Tensor> rotary_cos, \
+                          std::optional<Tensor> rotary_sin, std::optional<Tensor> cache_seqlens, \
+                          std::optional<Tensor> cache_batch_idx, std::optional<Tensor> cache_leftpad, \
                           std::optional<Tensor> block_table, std::optional<double> softmax_scale, bool causal, \
-                          int64_t window_left, int64_t window_right, double softcap, int64_t num_splits, \
-                          std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks
+                          int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved, \
+                          std::optional<Tensor> alibi_slopes, int64_t num_splits, std::optional<Tensor> sinks
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS);
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS);
 

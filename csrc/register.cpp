@@ -31,8 +31,10 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("merge_attention_states(Tensor outs, Tensor lses) -> (Tensor out, Tensor lse)");
   // k_cache and v_cache are written in place when k and v are given (the append).
   m.def("decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
-        "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? alibi_slopes=None, "
+        "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, "
+        "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? block_table=None, "
+        "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
+        "float softcap=0.0, bool rotary_interleaved=True, Tensor? alibi_slopes=None, int num_splits=0, "
         "Tensor? sinks=None) "
         "-> (Tensor out, Tensor lse)");
 }

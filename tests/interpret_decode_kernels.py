@@ -4,7 +4,7 @@ fresh process, because Triton reads TRITON_INTERPRET when the kernels are decora
 
 The launches are triton_src/python_launch.py's decode, which mirrors csrc/ops/decode_cuda.cpp
 through the kernels' specs. Prints one JSON line per case:
-{"case": ..., "out_err": ..., "lse_err": ..., "lse_pattern": ..., "cache_ok": ...}.
+{"case": ..., "out_err": ..., "lse_err": ..., "lse_pattern": ..., "cache_ok": ..., "cache_err": ...}.
 """
 
 from __future__ import annotations
@@ -22,17 +22,21 @@ import torch  # noqa: E402
 
 import fattn  # noqa: E402,F401  (loads the library: the CPU op is the reference)
 
-from triton_src.python_launch import DecodeTiles, Variant, decode  # noqa: E402
+from triton_src.python_launch import DecodeTiles, Rotary, Variant, decode  # noqa: E402
 
 # Small tiles: several key tiles, row tiles and merge chunks. The interpreter runs each
 # program as one thread: warps and stages cannot change a result.
 TILES = DecodeTiles(block_m=16, block_n=16, block_s=4, num_warps=4, num_stages=1)
+# The wide (chunked prefill) tile: the same kernel with more rows per program.
+WIDE_TILES = DecodeTiles(block_m=64, block_n=16, block_s=4, num_warps=4, num_stages=1)
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-           alibi=None, sinks=None):
+           alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=False):
     variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
-    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, TILES, variant, k_new, v_new)
+    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, WIDE_TILES if wide else TILES, variant,
+                  k_new, v_new, rotary=rotary, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                  wide=wide)
 
 
 CASES = [
@@ -47,25 +51,39 @@ CASES = [
     ("paged16-causal-softcap-alibi-gqa4", 3, 8, 2, 16, 16, 2, True, (-1, -1), 3.0, 4),
     ("paged16-causal-sinks-gqa4-9splits", 3, 8, 2, 16, 16, 2, True, (-1, -1), 0.0, 9),
     ("contiguous-window-sinks-1split", 2, 4, 4, 16, None, 0, False, (4, 0), 0.0, 1),
+    ("contiguous-rotary-gptj-batchidx-leftpad-3splits", 3, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 3),
+    ("paged16-rotary-neox-noncausal-leftpad", 2, 4, 4, 24, 16, 2, False, (-1, -1), 0.0, 1),
+    ("paged16-wide-40q-causal-rotary-neox-2splits", 40, 4, 2, 16, 16, 40, True, (-1, -1), 0.0, 2),
+    ("contiguous-wide-33q-window-batchidx-leftpad", 33, 8, 1, 32, None, 5, False, (20, 0), 0.0, 1),
 ]
 
 
 def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, causal, window, softcap, splits):
-    """Cases named *alibi* add [batch, heads] ALiBi slopes, cases named *sinks* sinks."""
+    """Cases named *alibi* add [batch, heads] ALiBi slopes, *sinks* sinks, *rotary-gptj* /
+    *rotary-neox* a rotary embedding over 16 features, *batchidx* a cache with two spare rows,
+    *leftpad* left padding, *wide* the wide row tile."""
     # An empty sequence, a short and a long one: with 9 splits the long one spreads its keys
     # over more splits than one merge chunk (BLOCK_S) holds. A right window only bites
     # when it is shorter than seqlen_q - 1 (the mask is aligned bottom-right).
     batch, capacity = 3, 256
-    cache_seqlens = torch.tensor([0, 17, 250], dtype=torch.int32)
+    longest = capacity - max(seqlen_new, seqlen_q)  # the long sequence still fits its queries' positions
+    cache_seqlens = torch.tensor([0, 17, min(250, longest)], dtype=torch.int32)
     q = torch.randn(batch, seqlen_q, heads, head_dim)
     if page_size:
         pages = batch * capacity // page_size
         k_cache = torch.randn(pages, page_size, kv_heads, head_dim)
         block_table = torch.randperm(pages, dtype=torch.int32).reshape(batch, capacity // page_size)
     else:
-        k_cache = torch.randn(batch, capacity, kv_heads, head_dim)
+        k_cache = torch.randn(batch + 2 if "batchidx" in name else batch, capacity, kv_heads, head_dim)
         block_table = None
     v_cache = torch.randn_like(k_cache)
+    batch_idx = torch.randperm(batch + 2, dtype=torch.int32)[:batch] if "batchidx" in name else None
+    leftpad = torch.tensor([0, 5, 100], dtype=torch.int32) if "leftpad" in name else None
+    rotary = None
+    if "rotary" in name:
+        angles = 6.3 * torch.rand(capacity, 8)
+        per_token = causal or window != (-1, -1)
+        rotary = Rotary(angles.cos(), angles.sin(), interleaved="gptj" in name, per_token=per_token)
     k_new = torch.randn(batch, seqlen_new, kv_heads, head_dim) if seqlen_new else None
     v_new = torch.randn_like(k_new) if seqlen_new else None
     want_k, want_v = k_cache.double(), v_cache.double()
@@ -73,10 +91,13 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
     sinks = torch.randn(heads) if "sinks" in name else None
     want_out, want_lse = torch.ops.fattn.decode(
         q.double(), want_k, want_v, None if k_new is None else k_new.double(),
-        None if v_new is None else v_new.double(), cache_seqlens, block_table, None, causal, window[0], window[1],
-        softcap, 0, alibi, sinks)
+        None if v_new is None else v_new.double(), cache_seqlens=cache_seqlens, block_table=block_table,
+        causal=causal, window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi,
+        sinks=sinks, rotary_cos=None if rotary is None else rotary.cos.double(),
+        rotary_sin=None if rotary is None else rotary.sin.double(),
+        rotary_interleaved=rotary is not None and rotary.interleaved, cache_batch_idx=batch_idx, cache_leftpad=leftpad)
     out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-                      alibi, sinks)
+                      alibi, sinks, rotary, batch_idx, leftpad, wide="wide" in name)
     finite = torch.isfinite(want_lse)
     return {
         "case": name,
@@ -85,6 +106,8 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         "lse_pattern": bool(torch.equal(torch.isfinite(lse), finite)),
         "empty_rows": int((~finite).sum()),
         "cache_ok": bool(torch.equal(k_cache.double(), want_k) and torch.equal(v_cache.double(), want_v)),
+        # Rotated keys are computed in fp32 by the kernel and in float64 by the op.
+        "cache_err": max((k_cache.double() - want_k).abs().max().item(), (v_cache.double() - want_v).abs().max().item()),
     }
 
 

@@ -31,13 +31,20 @@ def _valid(paged=False, dtype=torch.float32, device="cpu"):
 
 
 def _op_args(a):
-    return (a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"], a["cache_seqlens"], a["block_table"],
-            a["softmax_scale"], a["causal"], a["window_size"][0], a["window_size"][1], a["softcap"], a["num_splits"])
+    """fattn::decode's positional arguments (flash-attn's order)."""
+    return (a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"], a.get("rotary_cos"), a.get("rotary_sin"),
+            a["cache_seqlens"], a.get("cache_batch_idx"), a.get("cache_leftpad"), a["block_table"],
+            a["softmax_scale"], a["causal"], a["window_size"][0], a["window_size"][1], a["softcap"],
+            a.get("rotary_interleaved", True), None, a["num_splits"])
 
 
 def _call(via, a):
     if via == "api":
         return fattn.flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], k=a["k"], v=a["v"],
+                                             rotary_cos=a.get("rotary_cos"), rotary_sin=a.get("rotary_sin"),
+                                             cache_batch_idx=a.get("cache_batch_idx"),
+                                             cache_leftpad=a.get("cache_leftpad"),
+                                             rotary_interleaved=a.get("rotary_interleaved", True),
                                              cache_seqlens=a["cache_seqlens"], block_table=a["block_table"],
                                              softmax_scale=a["softmax_scale"], causal=a["causal"],
                                              window_size=a["window_size"], softcap=a["softcap"],
@@ -96,8 +103,64 @@ def test_bad_dtype(via):
 
 
 @VIA
-def test_seqlen_q_over_16(via):
-    _expect(via, r"seqlen", q=lambda a: torch.randn(2, 17, 4, 32))
+def test_no_query_token(via):
+    _expect(via, r"seqlen", q=lambda a: torch.randn(2, 0, 4, 32))
+
+
+def _rotary(rows=48, half=8, dtype=torch.float32):
+    angles = torch.rand(rows, half, dtype=torch.float64)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@VIA
+def test_rotary_tables(via):
+    cos, sin = _rotary()
+    _expect(via, r"rotary_sin is given but rotary_cos is not", rotary_sin=sin)
+    _expect(via, r"rotary_cos is given but rotary_sin is not", rotary_cos=cos)
+    _expect(via, r"\brotary_cos\b.*\[seqlen_ro, rotary_dim / 2\]", rotary_cos=cos[0], rotary_sin=sin[0])
+    _expect(via, r"\brotary_sin\b.*dtype", rotary_cos=cos, rotary_sin=sin.double())
+    _expect(via, r"rotary_sin has shape \[48, 4\] but rotary_cos has \[48, 8\]", rotary_cos=cos,
+            rotary_sin=sin[:, :4])
+    _expect(via, r"rotary_dim <= head_dim = 32", rotary_cos=_rotary(half=17)[0], rotary_sin=_rotary(half=17)[1])
+    _expect(via, r"rotary_cos has 47 positions but the cache holds 48", rotary_cos=cos[:47], rotary_sin=sin[:47])
+    _expect(via, r"rotary_cos/rotary_sin are given but k/v are not", rotary_cos=cos, rotary_sin=sin, k=None, v=None)
+    _expect(via, r"rotary_cos.*contiguous", rotary_cos=_rotary(half=16)[0][:, ::2], rotary_sin=sin)
+
+
+@VIA
+def test_batch_idx_and_leftpad_shapes(via):
+    two = seqlens_tensor([0, 1])
+    _expect(via, r"cache_batch_idx has shape \[3\]; expected \[batch\] = \[2\]", cache_batch_idx=seqlens_tensor([0, 1, 2]))
+    _expect(via, r"cache_leftpad must be a 1-D tensor, got shape \[2, 1\]", cache_leftpad=two[:, None])
+    _expect(via, r"cache_batch_idx.*int32", cache_batch_idx=two.long())
+    _expect(via, r"cache_batch_idx and block_table are both given", paged=True, cache_batch_idx=two)
+    # Without cache_batch_idx the cache has one row per sequence.
+    _expect(via, r"k_cache has batch size 3 but q has 2", k_cache=lambda a: torch.randn(3, 48, 2, 32),
+            v_cache=lambda a: torch.randn(3, 48, 2, 32))
+
+
+@VALUE_RULE_VIA
+def test_batch_idx_values(via):
+    bigger = dict(k_cache=lambda a: torch.randn(3, 48, 2, 32), v_cache=lambda a: torch.randn(3, 48, 2, 32))
+    _expect(via, r"cache_batch_idx\[1\] is 3; expected a row of k_cache in \[0, 3\)",
+            cache_batch_idx=seqlens_tensor([0, 3]), **bigger)
+    _expect(via, r"cache_batch_idx\[1\] is 2, a row another sequence appends to as well",
+            cache_batch_idx=seqlens_tensor([2, 2]), **bigger)
+
+
+@VALUE_RULE_VIA
+def test_leftpad_values(via):
+    _expect(via, r"cache_leftpad\[0\] is -1", cache_leftpad=seqlens_tensor([-1, 0]))
+    _expect(via, r"cache_leftpad\[1\] is 49; expected a key index in \[0, 48\]", cache_leftpad=seqlens_tensor([0, 49]))
+
+
+@VALUE_RULE_VIA
+def test_rotary_positions_past_the_tables(via):
+    # Capacity 48 = the tables' rows; causal queries of sequence 1 sit at 45 + t, t < 3: 45..47 fit,
+    # but with 3 queries over 2 new tokens at 46 the last query's position 48 does not.
+    cos, sin = _rotary()
+    _expect(via, r"sequence 1 needs the rotary position 48 but rotary_cos has 48 positions", rotary_cos=cos,
+            rotary_sin=sin, cache_seqlens=seqlens_tensor([5, 46]))
 
 
 @VIA

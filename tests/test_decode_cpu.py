@@ -241,8 +241,8 @@ def test_op_called_directly_matches_the_api():
     k, v = new_tokens(2, 3, 2, 24, torch.float64, "cpu")
     lengths = seqlens_tensor([4, 30])
     snap = cache.snapshot()
-    out, lse = torch.ops.fattn.decode(q, cache.k_cache, cache.v_cache, k, v, lengths, cache.block_table,
-                                      0.4, True, 9, -1, 2.5, 0)
+    out, lse = torch.ops.fattn.decode(q, cache.k_cache, cache.v_cache, k, v, None, None, lengths, None, None,
+                                      cache.block_table, 0.4, True, 9, -1, 2.5, True, None, 0)
     k0, v0 = cache.views(snap)
     ref_out, ref_lse, low = references(q, k0, v0, lengths, cache.block_table, k, v, softmax_scale=0.4,
                                        causal=True, window_size=(9, -1), softcap=2.5)

@@ -120,9 +120,3 @@ def test_a_kvcache_call_ported_from_flash_attn_means_the_same():
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad"])
-def test_kvcache_arguments_not_supported_yet_raise(name):
-    q = torch.randn(1, 1, 2, 16)
-    k_cache = torch.randn(1, 16, 2, 16)
-    with pytest.raises(NotImplementedError, match=name):
-        fattn.flash_attn_with_kvcache(q, k_cache, k_cache.clone(), **{name: torch.zeros(1, dtype=torch.int32)})

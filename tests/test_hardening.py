@@ -35,13 +35,14 @@ def test_decode_with_a_meta_index_tensor_raises_and_writes_nothing(which):
     q, k_cache, v_cache, k_new, v_new, seqlens = _decode_inputs()
     before = k_cache.clone()
     if which == "cache_seqlens":
-        args = (q, k_cache, v_cache, k_new, v_new, seqlens.to("meta"))
+        args, kwargs = (q, k_cache, v_cache, k_new, v_new), dict(cache_seqlens=seqlens.to("meta"))
     else:
         pages = torch.randn(4, 16, 2, 16, dtype=F64)
         k_cache, before = pages, pages.clone()
-        args = (q, pages, pages.clone(), k_new, v_new, seqlens, torch.zeros(2, 2, dtype=torch.int32, device="meta"))
+        args = (q, pages, pages.clone(), k_new, v_new)
+        kwargs = dict(cache_seqlens=seqlens, block_table=torch.zeros(2, 2, dtype=torch.int32, device="meta"))
     with pytest.raises(RuntimeError, match=f"{which} is on meta but q is on cpu"):
-        torch.ops.fattn.decode(*args)
+        torch.ops.fattn.decode(*args, **kwargs)
     assert torch.equal(k_cache, before)
 
 
@@ -92,7 +93,7 @@ def test_decode_op_refuses_an_expanded_cache_too():
     v_cache = torch.randn(2, 1, 2, 16, dtype=F64).expand(2, 32, 2, 16)
     before = k_cache.clone()
     with pytest.raises(RuntimeError, match="v_cache is an expanded view"):
-        torch.ops.fattn.decode(q, k_cache, v_cache, k_new, v_new, seqlens)
+        torch.ops.fattn.decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens)
     assert torch.equal(k_cache, before)
 
 

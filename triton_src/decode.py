@@ -4,7 +4,8 @@ Decoding is bound by reading K and V once, not by arithmetic, so the work is cut
 along the keys (split-K) until there are enough programs to keep every SM's
 loads in flight:
 
-- `kv_append` writes the new tokens' k/v into the cache at cache_seqlens[b].
+- `kv_append` writes the new tokens' k/v into the cache at cache_seqlens[b] (the keys
+  rotated first when a rotary embedding is given).
 - `attn_decode_split`: one program per (split, kv head, row tile, batch). Its row
   tile holds every query head of the KV group for every query token (rows are
   token-major: row = token * group + head_in_group), so each K/V byte is read by
@@ -18,6 +19,10 @@ shapes only: a decode step can be captured in a CUDA graph and replayed with new
 lengths. Each program derives its chunk from the actual length, so splits stay
 balanced however full the cache is.
 
+The same split kernel serves chunked prefill (hundreds of query tokens over the
+cache): the build gives it a narrow row tile for decoding and a wide one (the WIDE
+flag) for long query chunks; the algorithm is the same.
+
 Scores live in the log2 domain (log2(e) folded into the scale, exp2 in the
 softmax), as in the forward kernel. Masking (causal, sliding window) is applied
 to every key tile: the kernel is bound by memory, the compares are free.
@@ -29,7 +34,7 @@ import triton.language as tl
 from .common import (
     LOG2E, initial_softmax_state, merge_finish, merge_rescale, softcap_tanh, softmax_finish, softmax_step,
 )
-from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor
+from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor, view
 
 
 @triton.jit
@@ -46,18 +51,51 @@ def _key_slots(BlockTable, table_row, cols, page_size, PAGED: tl.constexpr):
 
 
 @triton.jit
+def _cache_row(CacheBatchIdx, batch, use_batch_idx):
+    """The contiguous cache's row of sequence `batch`: cache_batch_idx[batch] when given."""
+    if use_batch_idx != 0:
+        return tl.load(CacheBatchIdx + batch).to(tl.int64)
+    return batch
+
+
+@triton.jit
+def _rotate(x, X, row_offsets, row_ok, offs_d, positions, RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim,
+            rotary_interleaved):
+    """Rows x [R, BLOCK_D] (loaded from X + row_offsets[:, None] + offs_d[None, :]) with their
+    first rotary_dim features rotated at `positions` [R], in fp32 (flash-attn's apply_rotary_emb):
+    pairs (2i, 2i + 1) when interleaved, (i, i + rotary_dim / 2) otherwise, each turned by the
+    angle of column i of the cos/sin tables. A position past the tables is clamped onto their last
+    row (unchecked on the device; the CPU op raises)."""
+    half = rotary_dim // 2
+    rotated = offs_d < rotary_dim
+    interleaved = rotary_interleaved != 0
+    partner = tl.where(interleaved, offs_d ^ 1, tl.where(offs_d < half, offs_d + half, offs_d - half))
+    column = tl.where(interleaved, offs_d // 2, tl.where(offs_d < half, offs_d, offs_d - half))
+    first = tl.where(interleaved, offs_d % 2 == 0, offs_d < half)  # x[a] of the pair (a, b)
+    mask = row_ok[:, None] & rotated[None, :]
+    x_partner = tl.load(X + row_offsets[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    table = tl.minimum(positions, seqlen_ro - 1).to(tl.int64)[:, None] * stride_ro + column[None, :]
+    cos = tl.load(RotaryCos + table, mask=mask, other=1.0).to(tl.float32)
+    sin = tl.load(RotarySin + table, mask=mask, other=0.0).to(tl.float32)
+    # a' = a cos - b sin, b' = a sin + b cos
+    return x.to(tl.float32) * cos + tl.where(first[None, :], -x_partner, x_partner) * sin
+
+
+@triton.jit
 def kv_append(
-    KNew, VNew, KCache, VCache, CacheSeqlens, BlockTable,
+    KNew, VNew, KCache, VCache, CacheSeqlens, BlockTable, CacheBatchIdx, RotaryCos, RotarySin,
     stride_nkb, stride_nks, stride_nkh,
     stride_nvb, stride_nvs, stride_nvh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
-    stride_tb, page_size, capacity, head_dim,
+    stride_tb, page_size, capacity, head_dim, use_batch_idx,
+    stride_ro, seqlen_ro, rotary_dim, rotary_interleaved,
     BLOCK_D: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """Grid (seqlen_new, kv_heads, batch): copies new token i of (batch, kv head) to
-    cache position cache_seqlens[batch] + i. Positions past the capacity are dropped
-    (checking them on the host would need the device's lengths)."""
+    cache position cache_seqlens[batch] + i, its key rotated at that position when
+    rotary_dim > 0. Positions past the capacity are dropped (checking them on the host
+    would need the device's lengths)."""
     i = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
@@ -65,19 +103,26 @@ def kv_append(
     if (pos >= 0) & (pos < capacity):
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
-        table_row = batch * stride_tb if PAGED else batch
+        table_row = batch * stride_tb if PAGED else _cache_row(CacheBatchIdx, batch, use_batch_idx)
         page, slot = _key_slots(BlockTable, table_row, pos, page_size, PAGED)
         k_off = page * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_off = page * stride_vb + slot * stride_vs + kv_head * stride_vh
-        k = tl.load(KNew + batch * stride_nkb + i * stride_nks + kv_head * stride_nkh + offs_d, mask=d_ok)
+        k_row = batch * stride_nkb + i * stride_nks + kv_head * stride_nkh
+        k = tl.load(KNew + k_row + offs_d, mask=d_ok)
         v = tl.load(VNew + batch * stride_nvb + i * stride_nvs + kv_head * stride_nvh + offs_d, mask=d_ok)
+        if rotary_dim > 0:
+            one = tl.full([1], 1, tl.int1)
+            k = _rotate(k[None, :], KNew, tl.full([1], 0, tl.int64) + k_row, one, offs_d, tl.full([1], 0, tl.int32) + pos,
+                        RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim, rotary_interleaved)
+            k = tl.reshape(k, [BLOCK_D]).to(KCache.dtype.element_ty)
         tl.store(KCache + k_off + offs_d, k, mask=d_ok)
         tl.store(VCache + v_off + offs_d, v, mask=d_ok)
 
 
 @triton.jit
 def attn_decode_split(
-    Q, KCache, VCache, CacheSeqlens, BlockTable, PartOut, PartLse, Out, Lse,
+    Q, KCache, VCache, CacheSeqlens, BlockTable, CacheBatchIdx, CacheLeftpad, RotaryCos, RotarySin,
+    PartOut, PartLse, Out, Lse,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -86,8 +131,9 @@ def attn_decode_split(
     window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2, Sinks, use_sinks,
+    use_batch_idx, use_leftpad, stride_ro, seqlen_ro, rotary_dim, rotary_interleaved, rotary_per_token,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAD_D: tl.constexpr,
+    PAGED: tl.constexpr, PAD_D: tl.constexpr, WIDE: tl.constexpr,
 ):
     """Grid (num_splits, kv_heads * row_tiles, batch).
 
@@ -97,7 +143,11 @@ def attn_decode_split(
     then already holds log2(e). With use_alibi != 0, ALiBi subtracts slope * |t + diagonal - j|
     (the slope of the row's head, at Alibi + batch * stride_alibib + head * stride_alibih) after
     the softcap. With use_sinks != 0, split 0 starts each row from its head's sink
-    (initial_softmax_state), so the merge counts the sink once. Out [batch, seqlen_q, heads, head_dim] and Lse
+    (initial_softmax_state), so the merge counts the sink once. A contiguous cache's row is
+    cache_batch_idx[batch] with use_batch_idx != 0; with use_leftpad != 0 the keys before
+    cache_leftpad[batch] are not attended to (the masks keep their positions). With rotary_dim > 0,
+    q is rotated as it is loaded, at cache_seqlens[batch] (+ its token with rotary_per_token != 0).
+    WIDE only selects the build's row tile (BLOCK_M). Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
@@ -116,18 +166,26 @@ def attn_decode_split(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
 
-    q_ptrs = Q + batch * stride_qb + token[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_rows = batch * stride_qb + token.to(tl.int64) * stride_qs + head * stride_qh
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    cached = tl.load(CacheSeqlens + batch)
+    if rotary_dim > 0:
+        positions = cached + tl.where(rotary_per_token != 0, token, 0)
+        q = _rotate(q, Q, q_rows, row_ok, offs_d, positions, RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim,
+                    rotary_interleaved).to(Q.dtype.element_ty)
 
-    # The sequence's keys after the append, never past the cache.
-    seqlen_k = tl.minimum(tl.load(CacheSeqlens + batch) + seqlen_new, capacity)
+    # The sequence's keys after the append, never past the cache; left padding hides the first.
+    seqlen_k = tl.minimum(cached + seqlen_new, capacity)
+    first_key = seqlen_k * 0
+    if use_leftpad != 0:
+        first_key = tl.load(CacheLeftpad + batch)
     diagonal = seqlen_k - seqlen_q
     # Keys any row of the tile may see: [lo, hi).
     first_token = (row_tile * BLOCK_M) // kv_group_size
     last_token = tl.minimum((row_tile * BLOCK_M + BLOCK_M - 1) // kv_group_size, seqlen_q - 1)
-    lo = seqlen_k * 0
+    lo = first_key
     if window_left >= 0:
-        lo = tl.maximum(first_token + diagonal - window_left, 0)
+        lo = tl.maximum(first_token + diagonal - window_left, first_key)
     hi = seqlen_k
     if window_right >= 0:
         hi = tl.minimum(last_token + diagonal + window_right + 1, seqlen_k)
@@ -137,9 +195,9 @@ def attn_decode_split(
     stop = tl.minimum(start + chunk, hi)
 
     # Per-row window bounds; an unbounded side admits every key in [lo, hi).
-    row_lo = tl.where(window_left >= 0, token + diagonal - window_left, 0)
+    row_lo = tl.maximum(tl.where(window_left >= 0, token + diagonal - window_left, 0), first_key)
     row_hi = tl.where(window_right >= 0, token + diagonal + window_right, seqlen_k)
-    table_row = batch * stride_tb if PAGED else batch
+    table_row = batch * stride_tb if PAGED else _cache_row(CacheBatchIdx, batch, use_batch_idx)
     alibi_log2 = tl.load(Alibi + batch * stride_alibib + head * stride_alibih,
                          mask=row_ok & (use_alibi != 0), other=0.0) * LOG2E
 
@@ -236,18 +294,23 @@ def attn_decode_merge(
 
 KV_APPEND = KernelSpec(kv_append, [
     tensor("KNew"), tensor("VNew"), tensor("KCache"), tensor("VCache"),
-    index_tensor("CacheSeqlens"), index_tensor("BlockTable"),
+    index_tensor("CacheSeqlens"), index_tensor("BlockTable"), index_tensor("CacheBatchIdx"),
+    view("RotaryCos"), view("RotarySin"),
     *strides("nk"), *strides("nv"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
-    i32("page_size"), i32("capacity"), i32("head_dim", multiple_of=8),
+    i32("page_size"), i32("capacity"), i32("head_dim", multiple_of=8), i32("use_batch_idx"),
+    i64("stride_ro"), i32("seqlen_ro"), i32("rotary_dim"), i32("rotary_interleaved"),
 ])
 ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
     tensor("Q"), tensor("KCache"), tensor("VCache"), index_tensor("CacheSeqlens"), index_tensor("BlockTable"),
+    index_tensor("CacheBatchIdx"), index_tensor("CacheLeftpad"), view("RotaryCos"), view("RotarySin"),
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),
     *strides("q"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
     i32("seqlen_q"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8), i32("seqlen_new"),
     i32("capacity"), i32("page_size"), i32("num_splits"), i32("window_left"), i32("window_right"),
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
+    i32("use_batch_idx"), i32("use_leftpad"), i64("stride_ro"), i32("seqlen_ro"),
+    i32("rotary_dim"), i32("rotary_interleaved"), i32("rotary_per_token"),
 ])
 ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),

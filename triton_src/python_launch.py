@@ -220,9 +220,20 @@ class DecodeTiles:
     num_stages: int = 1
 
 
+@dataclass(frozen=True)
+class Rotary:
+    """The rotary embedding of a decode step: tables [seqlen_ro, rotary_dim / 2], the layout, and
+    whether each query token has its own position (causal or local masks)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    interleaved: bool
+    per_token: bool
+
+
 def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: DecodeTiles,
-           variant: Variant = Variant(), k_new=None, v_new=None):
-    """(out, lse) of one decode step as csrc/ops/decode_cuda.cpp runs it: kv_append when there
+           variant: Variant = Variant(), k_new=None, v_new=None, rotary: Rotary | None = None,
+           cache_batch_idx=None, cache_leftpad=None, wide: bool = False):
+    """(out, lse) of one decode step as csrc/decode/decode_cuda.cpp runs it: kv_append when there
     are new tokens (written into the cache in place), attn_decode_split, then attn_decode_merge
     when there is more than one split. Outputs and partials start as NaN."""
     from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND
@@ -237,10 +248,17 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     cache = dict(KCache=k_cache, VCache=v_cache, CacheSeqlens=cache_seqlens,
                  BlockTable=block_table if paged else cache_seqlens,  # any int32 tensor: never read when not paged
                  stride_tb=block_table.stride(0) if paged else 0, page_size=page_size, capacity=capacity,
-                 **tensor_strides("k", k_cache), **tensor_strides("v", v_cache))
+                 **tensor_strides("k", k_cache), **tensor_strides("v", v_cache),
+                 CacheBatchIdx=cache_seqlens if cache_batch_idx is None else cache_batch_idx,
+                 use_batch_idx=int(cache_batch_idx is not None))
+    rotary_args = dict(RotaryCos=q, RotarySin=q, stride_ro=0, seqlen_ro=0, rotary_dim=0, rotary_interleaved=0)
+    if rotary is not None:
+        rotary_args = dict(RotaryCos=rotary.cos, RotarySin=rotary.sin, stride_ro=rotary.cos.stride(0),
+                           seqlen_ro=rotary.cos.shape[0], rotary_dim=2 * rotary.cos.shape[1],
+                           rotary_interleaved=int(rotary.interleaved))
     _, head = _shape(q, k_cache, seqlen_q, capacity)
     if seqlen_new:
-        KV_APPEND.launch((seqlen_new, kv_heads, batch), **launch, **cache, **head, PAGED=paged,
+        KV_APPEND.launch((seqlen_new, kv_heads, batch), **launch, **cache, **head, **rotary_args, PAGED=paged,
                          KNew=k_new, VNew=v_new, head_dim=head_dim,
                          **tensor_strides("nk", k_new), **tensor_strides("nv", v_new))
     row_tiles = triton.cdiv(seqlen_q * (heads // kv_heads), tiles.block_m)
@@ -252,7 +270,10 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     scores = {name: variant_args[name] for name in ("window_left", "window_right", "Alibi", "stride_alibib",
                                                      "stride_alibih", "use_alibi", "qk_scale", "softcap_log2")}
     ATTN_DECODE_SPLIT.launch(
-        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, BLOCK_M=tiles.block_m,
+        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, **rotary_args, PAGED=paged, WIDE=wide,
+        CacheLeftpad=cache_seqlens if cache_leftpad is None else cache_leftpad,
+        use_leftpad=int(cache_leftpad is not None), rotary_per_token=int(rotary is not None and rotary.per_token),
+        BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n, Q=q, PartOut=part_out, PartLse=part_lse, Out=out, Lse=lse, **tensor_strides("q", q),
         seqlen_q=seqlen_q, num_heads=heads, kv_group_size=heads // kv_heads, head_dim=head_dim,
         seqlen_new=seqlen_new, num_splits=splits, **scores, **variant.sink_args(q.device))

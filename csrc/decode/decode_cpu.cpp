@@ -1,8 +1,9 @@
 // fattn::decode on CPU: the plain definition of attention over a (paged) KV cache.
 //
-// It is the semantic reference of the CUDA split-K kernels: the in-place append,
-// the page mapping, the bottom-right causal/window mask and the softcap, computed
-// in float64 one row at a time. num_splits only shapes the CUDA launch: checked, then ignored.
+// It is the semantic reference of the CUDA kernels: the rotary embedding, the in-place
+// append, the page and row mapping, the left padding, the bottom-right causal/window mask,
+// softcap, ALiBi and sinks, computed in float64 one row at a time. num_splits only shapes
+// the CUDA launch: checked, then ignored.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -18,42 +19,88 @@ namespace {
 
 constexpr const char* kOp = "fattn.decode";
 
-// Writes the new tokens k[b, i], v[b, i] into cache position seqlens[b] + i.
+// The rotary embedding's tables in float64, [seqlen_ro, rotary_dim / 2] contiguous.
+struct RotaryTables {
+  Tensor cos_t, sin_t;
+  const double* cos = nullptr;
+  const double* sin = nullptr;
+};
+
+// x[0 : rotary_dim] of a row rotated at `position` in float64 (flash-attn's apply_rotary_emb):
+// pairs (x[2i], x[2i+1]) when interleaved (GPT-J), (x[i], x[i + rotary_dim / 2]) otherwise
+// (GPT-NeoX), each turned by the angle whose cos/sin are row `position`, column i of the tables.
+// The rest of the row is copied.
+void rotate(const DecodeShape& s, const RotaryTables& r, int64_t position, const double* x, double* out) {
+  const int64_t half = s.rotary_dim / 2;
+  for (int64_t d = s.rotary_dim; d < s.head_dim; ++d) out[d] = x[d];
+  for (int64_t i = 0; i < half; ++i) {
+    const double c = r.cos[position * half + i], sn = r.sin[position * half + i];
+    const int64_t a = s.rotary_interleaved ? 2 * i : i;
+    const int64_t b = s.rotary_interleaved ? 2 * i + 1 : i + half;
+    out[a] = x[a] * c - x[b] * sn;
+    out[b] = x[a] * sn + x[b] * c;
+  }
+}
+
+// Writes the new tokens k[b, i] (rotated at position seqlens[b] + i when rotary is on) and
+// v[b, i] into cache position seqlens[b] + i.
 void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                       const int32_t* seqlens, const int32_t* table) {
+                       const DecodeIndices& ix, const RotaryTables& rotary) {
+  Tensor k_new = s.rotary_dim > 0 ? torch::stable::contiguous(as_double(k)) : k;
+  if (s.rotary_dim > 0) {
+    Tensor rotated = torch::stable::new_empty(k_new, {s.batch, s.seqlen_new, s.kv_heads, s.head_dim});
+    const double* src = k_new.const_data_ptr<double>();
+    double* dst = rotated.mutable_data_ptr<double>();
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t i = 0; i < s.seqlen_new; ++i) {
+        for (int64_t h = 0; h < s.kv_heads; ++h) {
+          const int64_t row = ((b * s.seqlen_new + i) * s.kv_heads + h) * s.head_dim;
+          rotate(s, rotary, ix.seqlens[b] + i, src + row, dst + row);
+        }
+      }
+    }
+    k_new = rotated;
+  }
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < s.seqlen_new; ++i) {
-      const auto [page, slot] = s.key_location(table, b, seqlens[b] + i);
+      const auto [page, slot] = s.key_location(ix.table, ix.batch_idx, b, ix.seqlens[b] + i);
       Tensor k_dst = torch::stable::select(torch::stable::select(k_cache, 0, page), 0, slot);
       Tensor v_dst = torch::stable::select(torch::stable::select(v_cache, 0, page), 0, slot);
-      torch::stable::copy_(k_dst, torch::stable::select(torch::stable::select(k, 0, b), 0, i));
+      torch::stable::copy_(k_dst, torch::stable::select(torch::stable::select(k_new, 0, b), 0, i));
       torch::stable::copy_(v_dst, torch::stable::select(torch::stable::select(v, 0, b), 0, i));
     }
   }
 }
 
+// Contiguous int32 host data of an optional index tensor (kept alive by `holder`).
+const int32_t* host_indices(const std::optional<Tensor>& t, Tensor& holder) {
+  if (!t) return nullptr;
+  holder = torch::stable::contiguous(*t);
+  return holder.const_data_ptr<int32_t>();
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
-  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                            softmax_scale, causal, window_left, window_right, softcap, num_splits,
-                                            alibi_slopes, sinks);
-  Tensor seqlens_t, table_t;
-  const int32_t* seqlens = nullptr;
-  const int32_t* table = nullptr;
-  if (cache_seqlens) {
-    seqlens_t = torch::stable::contiguous(*cache_seqlens);
-    seqlens = seqlens_t.const_data_ptr<int32_t>();
+  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                            window_left, window_right, softcap, rotary_interleaved, alibi_slopes,
+                                            num_splits, sinks);
+  Tensor holders[4];
+  const DecodeIndices ix{host_indices(cache_seqlens, holders[0]), host_indices(cache_batch_idx, holders[1]),
+                         host_indices(cache_leftpad, holders[2]), host_indices(block_table, holders[3])};
+  check_decode_values(kOp, s, ix);
+  RotaryTables rotary;
+  if (s.rotary_dim > 0) {
+    rotary.cos_t = torch::stable::contiguous(as_double(*rotary_cos));
+    rotary.sin_t = torch::stable::contiguous(as_double(*rotary_sin));
+    rotary.cos = rotary.cos_t.const_data_ptr<double>();
+    rotary.sin = rotary.sin_t.const_data_ptr<double>();
   }
-  if (block_table) {
-    table_t = torch::stable::contiguous(*block_table);
-    table = table_t.const_data_ptr<int32_t>();
-  }
-  check_decode_values(kOp, s, seqlens, table);
-  if (k) append_new_tokens(s, k_cache, v_cache, *k, *v, seqlens, table);
+  if (k) append_new_tokens(s, k_cache, v_cache, *k, *v, ix, rotary);
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  Tensor qd = as_double(q), kd = as_double(k_cache), vd = as_double(v_cache);
+  Tensor qd = torch::stable::contiguous(as_double(q)), kd = as_double(k_cache), vd = as_double(v_cache);
   Tensor out_d = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
   Tensor lse_d = torch::stable::new_empty(qd, {s.batch, s.heads, s.seqlen_q});
   const double* Q = qd.const_data_ptr<double>();
@@ -63,27 +110,35 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   double* L = lse_d.mutable_data_ptr<double>();
   const int64_t D = s.head_dim, H = s.heads, HK = s.kv_heads, slots = k_cache.size(1);
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  std::vector<double> scores;
+  std::vector<double> scores, q_rotated(D);
   std::vector<const double*> v_rows;  // the visible keys' value rows
   const std::vector<ScoreMod> mods = score_mods(softcap, alibi_slopes, s.batch, s.heads);
   const std::vector<double> head_sinks = cpu_sinks(sinks);  // joins each row's denominator, no value
 
   for (int64_t b = 0; b < s.batch; ++b) {
-    const int64_t seqlen_k = (seqlens ? seqlens[b] : s.capacity) + s.seqlen_new;
+    const int64_t cached = ix.seqlens ? ix.seqlens[b] : s.capacity;
+    const int64_t seqlen_k = cached + s.seqlen_new;
+    // Left padding hides the keys before it; the masks and ALiBi keep their positions (the
+    // diagonal is the same whether keys are counted from 0 or from the padding).
+    const int64_t first_key = ix.leftpad ? ix.leftpad[b] : 0;
     const int64_t diagonal = seqlen_k - s.seqlen_q;  // bottom-right alignment
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();
       const ScoreMod& mod = mods[b * H + h];
       for (int64_t t = 0; t < s.seqlen_q; ++t) {
         const double* qt = Q + ((b * s.seqlen_q + t) * H + h) * D;
+        if (s.rotary_dim > 0) {
+          rotate(s, rotary, s.query_position(cached, t), qt, q_rotated.data());
+          qt = q_rotated.data();
+        }
         scores.clear();
         v_rows.clear();
         const double sink = head_sinks.empty() ? neg_inf : head_sinks[h];
         double row_max = sink;
-        for (int64_t j = 0; j < seqlen_k; ++j) {
+        for (int64_t j = first_key; j < seqlen_k; ++j) {
           if (s.window_right >= 0 && j > t + diagonal + s.window_right) continue;
           if (s.window_left >= 0 && j < t + diagonal - s.window_left) continue;
-          const auto [page, slot] = s.key_location(table, b, j);
+          const auto [page, slot] = s.key_location(ix.table, ix.batch_idx, b, j);
           const int64_t row = ((page * slots + slot) * HK + hk) * D;
           double score = 0;
           for (int64_t d = 0; d < D; ++d) score += qt[d] * K[row + d];

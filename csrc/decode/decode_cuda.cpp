@@ -3,11 +3,13 @@
 // Up to three launches, all sized from shapes alone (never from cache_seqlens, which stays
 // on the device), so a decode step can be captured in a CUDA graph and replayed with new
 // lengths: kv_append (when k/v are given), attn_decode_split, and attn_decode_merge (when
-// there is more than one split).
+// there is more than one split). Query chunks longer than kDecodeQueriesPerNarrowTile tokens
+// (chunked prefill) take attn_decode_split's wide row tile.
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "attention/attention_variant.h"
@@ -49,38 +51,75 @@ Tensor cache_for_kernel(const char* name, const Tensor& cache, bool written) {
   return aligned;
 }
 
-// Where the cache's rows are: the tensors the kernels read and the block table's view.
+// Where the cache's rows are: the tensors the kernels read, the block table's view and the
+// optional row indirection.
 struct CacheView {
   Tensor k, v, seqlens;
   const void* table;
   int64_t stride_tb;
+  const void* batch_idx;  // int32 [batch] (contiguous, like cache_seqlens), or a placeholder
+};
+
+// The rotary tables as the kernels read them (a placeholder pointer when there are none).
+struct RotaryArgs {
+  const void* cos;
+  const void* sin;
+  int64_t stride;
 };
 
 void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const DecodeShape& s, const CacheView& c,
-            const Tensor& k, const Tensor& v) {
+            const RotaryArgs& r, const Tensor& k, const Tensor& v) {
   const Tensor k_new = aligned_for_kernel(k), v_new = aligned_for_kernel(v);
   kernels::launch_kv_append(kernel, grid, {
       .KNew = k_new.data_ptr(), .VNew = v_new.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(),
-      .CacheSeqlens = c.seqlens.data_ptr(), .BlockTable = c.table,
+      .CacheSeqlens = c.seqlens.data_ptr(), .BlockTable = c.table, .CacheBatchIdx = c.batch_idx,
+      .RotaryCos = r.cos, .RotarySin = r.sin,
       .stride_nkb = kernel_stride(k_new, 0), .stride_nks = kernel_stride(k_new, 1), .stride_nkh = kernel_stride(k_new, 2),
       .stride_nvb = kernel_stride(v_new, 0), .stride_nvs = kernel_stride(v_new, 1), .stride_nvh = kernel_stride(v_new, 2),
       .stride_kb = kernel_stride(c.k, 0), .stride_ks = kernel_stride(c.k, 1), .stride_kh = kernel_stride(c.k, 2),
       .stride_vb = kernel_stride(c.v, 0), .stride_vs = kernel_stride(c.v, 1), .stride_vh = kernel_stride(c.v, 2),
-      .stride_tb = c.stride_tb, .page_size = s.page_size, .capacity = s.capacity, .head_dim = s.head_dim});
+      .stride_tb = c.stride_tb, .page_size = s.page_size, .capacity = s.capacity, .head_dim = s.head_dim,
+      .use_batch_idx = s.batch_idx ? 1 : 0, .stride_ro = r.stride, .seqlen_ro = s.seqlen_ro,
+      .rotary_dim = s.rotary_dim, .rotary_interleaved = s.rotary_interleaved ? 1 : 0});
+}
+
+// FATTN_DEBUG_CHECKS=1 (read per call, so a test or a debugging session can flip it): the
+// device's values (lengths, rows, padding, page table) are copied to the host and checked as
+// the CPU implementation checks them, before any write or launch. A host sync per call.
+bool debug_checks() {
+  const char* text = std::getenv("FATTN_DEBUG_CHECKS");
+  return text != nullptr && std::string(text) == "1";
+}
+
+void check_values_on_host(const DecodeShape& s, const std::optional<Tensor>& cache_seqlens,
+                          const std::optional<Tensor>& cache_batch_idx, const std::optional<Tensor>& cache_leftpad,
+                          const std::optional<Tensor>& block_table) {
+  Tensor holders[4];
+  auto host = [](const std::optional<Tensor>& t, Tensor& holder) -> const int32_t* {
+    if (!t) return nullptr;
+    holder = torch::stable::contiguous(torch::stable::to(*t, torch::stable::Device(torch::headeronly::DeviceType::CPU)));
+    return holder.const_data_ptr<int32_t>();
+  };
+  check_decode_values(kOp, s, {host(cache_seqlens, holders[0]), host(cache_batch_idx, holders[1]),
+                               host(cache_leftpad, holders[2]), host(block_table, holders[3])});
 }
 
 }  // namespace
 
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
-  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
-                                            causal, window_left, window_right, softcap, num_splits, alibi_slopes,
-                                            sinks);
-  if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX) {
-    fail(kOp, "the cache holds ", s.capacity, " keys per sequence; at most 2^31 - 1 are supported");
+  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                            window_left, window_right, softcap, rotary_interleaved, alibi_slopes,
+                                            num_splits, sinks);
+  if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX || s.seqlen_ro > INT32_MAX) {
+    fail(kOp, "the cache holds ", s.capacity, " keys per sequence and rotary_cos ", s.seqlen_ro,
+         " positions; at most 2^31 - 1 are supported");
   }
+  if (debug_checks()) check_values_on_host(s, cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
-  const auto split = choose<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
+  const bool wide = s.seqlen_q > kDecodeQueriesPerNarrowTile;
+  const auto split = choose<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .WIDE = wide});
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
   const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
   const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
@@ -101,14 +140,24 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
 
   q = aligned_for_kernel(q);
   CacheView c{cache_for_kernel("k_cache", k_cache, k.has_value()), cache_for_kernel("v_cache", v_cache, k.has_value()),
-              Tensor(), block_table ? block_table->data_ptr() : nullptr, block_table ? block_table->stride(0) : 0};
+              Tensor(), block_table ? block_table->data_ptr() : nullptr, block_table ? block_table->stride(0) : 0,
+              nullptr};
   if (cache_seqlens) {
     c.seqlens = torch::stable::contiguous(*cache_seqlens);
   } else {  // every sequence fills its cache
     c.seqlens = torch::stable::new_empty(q, {s.batch}, ScalarType::Int);
     torch::stable::fill_(c.seqlens, static_cast<double>(s.capacity));
   }
-  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, *k, *v);
+  // Optional int32 [batch] vectors are made contiguous (cache_seqlens' layout); absent ones are
+  // pointed at cache_seqlens and never read.
+  const Tensor batch_idx = cache_batch_idx ? torch::stable::contiguous(*cache_batch_idx) : c.seqlens;
+  const Tensor leftpad = cache_leftpad ? torch::stable::contiguous(*cache_leftpad) : c.seqlens;
+  c.batch_idx = batch_idx.data_ptr();
+  // The kernels index both rotary tables with one row stride: contiguous ones share it.
+  const Tensor cos = rotary_cos ? torch::stable::contiguous(*rotary_cos) : q;
+  const Tensor sin = rotary_sin ? torch::stable::contiguous(*rotary_sin) : q;
+  const RotaryArgs rotary{cos.data_ptr(), sin.data_ptr(), rotary_cos ? cos.stride(0) : 0};
+  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, rotary, *k, *v);
   if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
 
   // fp32 partials, one [batch, seqlen_q, heads, head_dim] slab (and lse slab) per split.
@@ -123,7 +172,8 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   kernels::launch_attn_decode_split(split, split_grid, {
       .Q = q.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(),
-      .BlockTable = c.table, .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
+      .BlockTable = c.table, .CacheBatchIdx = c.batch_idx, .CacheLeftpad = leftpad.data_ptr(), .RotaryCos = rotary.cos,
+      .RotarySin = rotary.sin, .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
       .PartLse = splits > 1 ? part_lse.data_ptr() : nullptr, .Out = out.data_ptr(), .Lse = lse.data_ptr(),
       .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1), .stride_qh = kernel_stride(q, 2),
       .stride_kb = kernel_stride(c.k, 0), .stride_ks = kernel_stride(c.k, 1), .stride_kh = kernel_stride(c.k, 2),
@@ -134,7 +184,9 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
       .Alibi = alibi_slopes ? alibi_slopes->data_ptr() : lse.data_ptr(), .stride_alibib = alibi_stride_b(alibi_slopes),
       .stride_alibih = alibi_stride_h(alibi_slopes), .use_alibi = alibi_slopes ? 1 : 0,
       .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2, .Sinks = sink_args.sinks,
-      .use_sinks = sink_args.use_sinks});
+      .use_sinks = sink_args.use_sinks, .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0,
+      .stride_ro = rotary.stride, .seqlen_ro = s.seqlen_ro, .rotary_dim = s.rotary_dim,
+      .rotary_interleaved = s.rotary_interleaved ? 1 : 0, .rotary_per_token = s.rotary_per_token ? 1 : 0});
   if (splits > 1) {
     kernels::launch_attn_decode_merge(merge, merge_grid, {
         .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),

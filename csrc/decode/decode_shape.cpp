@@ -2,7 +2,9 @@
 
 #include "attention/attention_variant.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace fattn {
 namespace {
@@ -14,10 +16,7 @@ void check_query(const char* op, const Tensor& q, DecodeShape& s) {
   s.seqlen_q = q.size(1);
   s.heads = q.size(2);
   s.head_dim = q.size(3);
-  if (s.seqlen_q < 1 || s.seqlen_q > kMaxDecodeQueries) {
-    fail(op, "q has seqlen ", s.seqlen_q, "; decoding takes 1 to ", kMaxDecodeQueries,
-         " query tokens per sequence (use flash_attn_func for longer queries)");
-  }
+  if (s.seqlen_q < 1) fail(op, "q has seqlen ", s.seqlen_q, "; expected at least one query token per sequence");
   check_head_dim(op, s.head_dim);
   check_last_dim_contiguous(op, "q", q);
 }
@@ -44,16 +43,39 @@ void check_caches(const char* op, const Tensor& q, const Tensor& k_cache, const 
   check_head_groups(op, s.heads, s.kv_heads, "k_cache and v_cache");
 }
 
+// cache_batch_idx and cache_leftpad: int32 [batch] on q's device.
+void check_row_indices(const char* op, const Tensor& q, const std::optional<Tensor>& cache_batch_idx,
+                       const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& block_table,
+                       DecodeShape& s) {
+  const char* names[] = {"cache_batch_idx", "cache_leftpad"};
+  const std::optional<Tensor>* given[] = {&cache_batch_idx, &cache_leftpad};
+  for (int i = 0; i < 2; ++i) {
+    if (!given[i]->has_value()) continue;
+    check_index_tensor(op, names[i], **given[i], 1, q);
+    if ((*given[i])->size(0) != s.batch) {
+      fail(op, names[i], " has shape ", shape_of(**given[i]), "; expected [batch] = [", s.batch, "]");
+    }
+  }
+  s.batch_idx = cache_batch_idx.has_value();
+  s.leftpad = cache_leftpad.has_value();
+  if (s.batch_idx && block_table.has_value()) {
+    fail(op, "cache_batch_idx and block_table are both given; cache_batch_idx picks rows of a contiguous cache, ",
+         "with a paged cache block_table already says where each sequence lives");
+  }
+}
+
 void check_pages(const char* op, const Tensor& q, const Tensor& k_cache, const std::optional<Tensor>& block_table,
                  DecodeShape& s) {
   s.paged = block_table.has_value();
   if (!s.paged) {
-    if (k_cache.size(0) != s.batch) {
-      fail(op, "k_cache has batch size ", k_cache.size(0), " but q has ", s.batch, " (a paged cache needs block_table)");
+    if (!s.batch_idx && k_cache.size(0) != s.batch) {
+      fail(op, "k_cache has batch size ", k_cache.size(0), " but q has ", s.batch,
+           " (a paged cache needs block_table; a cache with other rows, cache_batch_idx)");
     }
+    if (s.batch_idx && k_cache.size(0) == 0 && s.batch > 0) fail(op, "k_cache has no rows for cache_batch_idx to pick");
     s.capacity = k_cache.size(1);
     s.page_size = s.capacity;
-    s.num_pages = s.batch;
+    s.num_pages = k_cache.size(0);
     s.pages_per_seq = 1;
     return;
   }
@@ -106,6 +128,49 @@ void check_new_tokens(const char* op, const Tensor& q, const std::optional<Tenso
   }
 }
 
+// rotary_cos/sin [seqlen_ro, rotary_dim / 2] in q's dtype, covering the cache (flash-attn's rule),
+// applied to q and to the new keys, so the new keys are required.
+void check_rotary(const char* op, const Tensor& q, const std::optional<Tensor>& rotary_cos,
+                  const std::optional<Tensor>& rotary_sin, const std::optional<Tensor>& k, bool rotary_interleaved,
+                  DecodeShape& s) {
+  s.rotary_dim = 0;
+  s.seqlen_ro = 0;
+  s.rotary_interleaved = rotary_interleaved;
+  if (rotary_cos.has_value() != rotary_sin.has_value()) {
+    fail(op, rotary_cos.has_value() ? "rotary_cos is given but rotary_sin is not"
+                                    : "rotary_sin is given but rotary_cos is not",
+         "; pass both, or neither");
+  }
+  if (!rotary_cos.has_value()) return;
+  const char* names[] = {"rotary_cos", "rotary_sin"};
+  const Tensor* tables[] = {&*rotary_cos, &*rotary_sin};
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& t = *tables[i];
+    check_rank(op, names[i], t, 2, "[seqlen_ro, rotary_dim / 2]");
+    check_same_device(op, names[i], t, "q", q);
+    check_same_dtype(op, names[i], t, "q", q);
+    check_last_dim_contiguous(op, names[i], t);
+  }
+  if (rotary_sin->size(0) != rotary_cos->size(0) || rotary_sin->size(1) != rotary_cos->size(1)) {
+    fail(op, "rotary_sin has shape ", shape_of(*rotary_sin), " but rotary_cos has ", shape_of(*rotary_cos),
+         "; they must have the same shape");
+  }
+  s.rotary_dim = 2 * rotary_cos->size(1);
+  s.seqlen_ro = rotary_cos->size(0);
+  if (s.rotary_dim < 2 || s.rotary_dim > s.head_dim) {
+    fail(op, "rotary_cos has shape ", shape_of(*rotary_cos), "; expected [seqlen_ro, rotary_dim / 2] with 2 <= ",
+         "rotary_dim <= head_dim = ", s.head_dim);
+  }
+  if (s.seqlen_ro < s.capacity) {
+    fail(op, "rotary_cos has ", s.seqlen_ro, " positions but the cache holds ", s.capacity,
+         " keys per sequence; expected at least as many positions as the cache's capacity");
+  }
+  if (!k.has_value()) {
+    fail(op, "rotary_cos/rotary_sin are given but k/v are not; the rotary embedding is applied to q and to ",
+         "the new keys as they are appended, so pass the new k and v");
+  }
+}
+
 // The append writes each cache row once; a cache whose rows alias (an expanded view, stride 0
 // along a dim of size > 1) would be written through several positions at once.
 void check_writable_caches(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
@@ -125,15 +190,21 @@ void check_writable_caches(const char* op, const Tensor& k_cache, const Tensor& 
 
 DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                 const std::optional<Tensor>& k, const std::optional<Tensor>& v,
-                                const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& block_table,
+                                const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
+                                const std::optional<Tensor>& cache_seqlens,
+                                const std::optional<Tensor>& cache_batch_idx,
+                                const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& block_table,
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                int64_t window_right, double softcap, int64_t num_splits,
-                                const std::optional<Tensor>& alibi_slopes, const std::optional<Tensor>& sinks) {
+                                int64_t window_right, double softcap, bool rotary_interleaved,
+                                const std::optional<Tensor>& alibi_slopes, int64_t num_splits,
+                                const std::optional<Tensor>& sinks) {
   DecodeShape s{};
   check_query(op, q, s);
   check_caches(op, q, k_cache, v_cache, s);
+  check_row_indices(op, q, cache_batch_idx, cache_leftpad, block_table, s);
   check_pages(op, q, k_cache, block_table, s);
   check_new_tokens(op, q, k, v, cache_seqlens, s);
+  check_rotary(op, q, rotary_cos, rotary_sin, k, rotary_interleaved, s);
   if (k.has_value()) check_writable_caches(op, k_cache, v_cache);
   check_softmax_scale(op, softmax_scale);
   check_softcap(op, softcap);
@@ -146,23 +217,49 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   // unbounded, which also keeps it within the kernels' 32-bit bounds.
   s.window_left = bounded_window(window_left, s.capacity + s.seqlen_q);
   s.window_right = causal ? 0 : bounded_window(window_right, s.capacity + s.seqlen_q);
+  // flash-attn's rule: a window side is local when it is below the cache's capacity.
+  s.rotary_per_token = causal || (window_left >= 0 && window_left < s.capacity) ||
+                       (window_right >= 0 && window_right < s.capacity);
   return s;
 }
 
-void check_decode_values(const char* op, const DecodeShape& s, const int32_t* seqlens, const int32_t* table) {
+void check_decode_values(const char* op, const DecodeShape& s, const DecodeIndices& ix) {
+  std::vector<bool> row_taken(s.batch_idx ? s.num_pages : 0, false);
   for (int64_t b = 0; b < s.batch; ++b) {
-    int64_t keys = s.capacity;
-    if (seqlens != nullptr) {
-      if (seqlens[b] < 0) fail(op, "cache_seqlens[", b, "] is ", seqlens[b], "; expected >= 0");
-      if (seqlens[b] + s.seqlen_new > s.capacity) {
-        fail(op, "cache too small for the append: cache_seqlens[", b, "] = ", seqlens[b], " plus ", s.seqlen_new,
+    int64_t cached = s.capacity;
+    if (ix.seqlens != nullptr) {
+      cached = ix.seqlens[b];
+      if (cached < 0) fail(op, "cache_seqlens[", b, "] is ", cached, "; expected >= 0");
+      if (cached + s.seqlen_new > s.capacity) {
+        fail(op, "cache too small for the append: cache_seqlens[", b, "] = ", cached, " plus ", s.seqlen_new,
              " new tokens exceeds the capacity of ", s.capacity);
       }
-      keys = seqlens[b] + s.seqlen_new;
+    }
+    const int64_t keys = cached + s.seqlen_new;
+    if (ix.batch_idx != nullptr) {
+      const int32_t row = ix.batch_idx[b];
+      if (row < 0 || row >= s.num_pages) {
+        fail(op, "cache_batch_idx[", b, "] is ", row, "; expected a row of k_cache in [0, ", s.num_pages, ")");
+      }
+      if (s.seqlen_new > 0 && row_taken[row]) {
+        fail(op, "cache_batch_idx[", b, "] is ", row, ", a row another sequence appends to as well; the rows of ",
+             "sequences that append must be distinct");
+      }
+      row_taken[row] = true;
+    }
+    if (ix.leftpad != nullptr && (ix.leftpad[b] < 0 || ix.leftpad[b] > s.capacity)) {
+      fail(op, "cache_leftpad[", b, "] is ", ix.leftpad[b], "; expected a key index in [0, ", s.capacity, "]");
+    }
+    if (s.rotary_dim > 0) {
+      const int64_t last = std::max(keys - 1, s.query_position(cached, s.seqlen_q - 1));
+      if (last >= s.seqlen_ro) {
+        fail(op, "sequence ", b, " needs the rotary position ", last, " but rotary_cos has ", s.seqlen_ro,
+             " positions");
+      }
     }
     // Only the pages that hold the sequence's keys are read: the rest of its row may be padding.
-    for (int64_t p = 0; table != nullptr && p < (keys + s.page_size - 1) / s.page_size; ++p) {
-      const int32_t page = table[b * s.pages_per_seq + p];
+    for (int64_t p = 0; ix.table != nullptr && p < (keys + s.page_size - 1) / s.page_size; ++p) {
+      const int32_t page = ix.table[b * s.pages_per_seq + p];
       if (page < 0 || page >= s.num_pages) {
         fail(op, "block_table[", b, ", ", p, "] is ", page, "; expected a page index in [0, ", s.num_pages, ")");
       }

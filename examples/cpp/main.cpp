@@ -5,11 +5,11 @@
 // k_cache/v_cache [num_pages, page_size, kv_heads, head_dim] and a block_table whose rows
 // list each sequence's pages, taken in shuffled order from the pool (two pages stay unused).
 //   prefill:  the 37-token prompt attends with fattn::forward(q, k, v, causal); then
-//             fattn::decode(q_last16, k_cache, v_cache, k, v, cache_seqlens, block_table,
-//             causal) writes the prompt's k/v into the pages and attends with its last 16
+//             fattn::decode(q_last16, k_cache, v_cache, k, v, {}, {}, cache_seqlens, {}, {},
+//             block_table, {}, causal) writes the prompt's k/v into the pages and attends with its last 16
 //             queries (the check of the paged path against the prompt's own attention).
-//   decode s: fattn::decode(q_step, k_cache, v_cache, k_step, v_step, cache_seqlens,
-//             block_table, causal) appends the new token in place and attends over the cache.
+//   decode s: fattn::decode(q_step, k_cache, v_cache, k_step, v_step, {}, {}, cache_seqlens,
+//             {}, {}, block_table, {}, causal) appends the new token in place and attends over the cache.
 // fattn::decode does not advance cache_seqlens: the program adds the appended tokens itself.
 // Every call is checked against float64 LibTorch attention over the k/v the program has
 // produced so far, and after every append the cache must hold exactly those k/v at the
@@ -34,7 +34,7 @@ constexpr int64_t kPrompt = 37, kSteps = 5;
 constexpr int64_t kPageSize = 16;
 constexpr int64_t kPagesPerSeq = (kPrompt + kSteps + kPageSize - 1) / kPageSize;
 constexpr int64_t kNumPages = kBatch * kPagesPerSeq + 2;
-constexpr int64_t kAppendQueries = 16;  // the most query tokens one fattn::decode call takes
+constexpr int64_t kAppendQueries = 16;  // the prompt's last queries, attending as the prompt is appended
 
 // Plain attention in float64: GQA by repeating k/v heads, causal aligned bottom-right.
 // q [b, sq, h, d], k/v [b, sk, hk, d] -> (out [b, sq, h, d], lse [b, h, sq]).
@@ -139,8 +139,9 @@ struct AttentionBlock {
   // attends with q; the program then advances cache_seqlens by n.
   std::tuple<torch::Tensor, torch::Tensor> decode_and_append(const torch::Tensor& q, const torch::Tensor& k,
                                                              const torch::Tensor& v) {
-    auto result = fattn::decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                /*softmax_scale=*/std::nullopt, /*causal=*/true);
+    auto result = fattn::decode(q, k_cache, v_cache, k, v, /*rotary_cos=*/std::nullopt, /*rotary_sin=*/std::nullopt,
+                                cache_seqlens, /*cache_batch_idx=*/std::nullopt, /*cache_leftpad=*/std::nullopt,
+                                block_table, /*softmax_scale=*/std::nullopt, /*causal=*/true);
     cache_seqlens.add_(k.size(1));
     k_seen = torch::cat({k_seen, k}, 1);
     v_seen = torch::cat({v_seen, v}, 1);

@@ -83,46 +83,59 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                  /*dropout_seed=*/std::nullopt);
 }
 
-// Flash decoding: attention of a few new query tokens (1 <= seqlen_q <= 16) over a KV cache,
-// optionally appending the new tokens' k, v to the cache first (flash-attn's
-// flash_attn_with_kvcache). Returns (out, lse) as forward does: out [batch, seqlen_q, heads,
-// head_dim] in q's dtype, lse float32 [batch, heads, seqlen_q] (float64 for float64 inputs).
+// Attention over a KV cache (flash-attn's flash_attn_with_kvcache, in its argument order):
+// flash decoding for a few new query tokens, a prefill-sized tile for longer query chunks
+// (chunked prefill), optionally appending the new tokens' k, v to the cache first. Returns
+// (out, lse) as forward does: out [batch, seqlen_q, heads, head_dim] in q's dtype, lse float32
+// [batch, heads, seqlen_q] (float64 for float64 inputs).
 //
-// The cache is either contiguous, k_cache/v_cache [batch, capacity, kv_heads, head_dim], or
+// The cache is either contiguous, k_cache/v_cache [batch_cache, capacity, kv_heads, head_dim]
+// (batch_cache = batch, or any number of rows picked by cache_batch_idx int32 [batch]), or
 // paged: k_cache/v_cache [num_pages, page_size, kv_heads, head_dim] (page_size a multiple of
 // 16) with block_table int32 [batch, pages_per_seq], key j of sequence b living at
 // k_cache[block_table[b, j / page_size], j % page_size]. Caches may be strided views.
 // cache_seqlens int32 [batch] counts the keys already in each sequence's cache (nullopt: the
-// whole capacity, and then no k/v).
+// whole capacity, and then no k/v); cache_leftpad int32 [batch] hides the keys before it.
 //
 // MUTATES k_cache and v_cache when k, v ([batch, seqlen_new, kv_heads, head_dim], q's dtype)
 // are given: they are written in place at positions cache_seqlens[b] + i, then attended to,
 // so sequence b has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is NOT advanced:
-// the caller adds seqlen_new after the call. Masks are aligned bottom-right as in forward;
-// causal forces window_right = 0; window_left/right < 0 mean unbounded; softcap > 0 applies
-// softcap * tanh(score / softcap); alibi_slopes then adds -slope * |t + d - j| as in forward;
-// sinks (float32 [heads]) join every row's denominator as in forward.
-// num_splits: 0 picks the split-K count on CUDA, n forces it
-// (same result within rounding); CPU ignores it. On CUDA an append past the capacity is not
-// checked (it needs the device values): it is dropped and the sequence clamped to capacity.
+// the caller adds seqlen_new after the call. rotary_cos/rotary_sin [seqlen_ro >= capacity,
+// rotary_dim / 2] (q's dtype) rotate the new keys at their positions and q at cache_seqlens[b]
+// (+ t when causal or windowed), pairs (2i, 2i+1) if rotary_interleaved, else (i, i + rotary_dim
+// / 2). Masks are aligned bottom-right as in forward; causal forces window_right = 0;
+// window_left/right < 0 mean unbounded; softcap > 0 applies softcap * tanh(score / softcap);
+// alibi_slopes then adds -slope * |t + d - j| as in forward; sinks (float32 [heads]) join
+// every row's denominator as in forward. num_splits: 0 picks the split-K count on CUDA, n
+// forces it (same result within rounding); CPU ignores it. On CUDA the device values are not
+// checked (it needs a host sync; FATTN_DEBUG_CHECKS=1 does it): an append past the capacity is
+// dropped and the sequence clamped to capacity. The CPU implementation checks them all.
 inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::Tensor& k_cache,
                                                  const at::Tensor& v_cache,
                                                  const std::optional<at::Tensor>& k = std::nullopt,
                                                  const std::optional<at::Tensor>& v = std::nullopt,
+                                                 const std::optional<at::Tensor>& rotary_cos = std::nullopt,
+                                                 const std::optional<at::Tensor>& rotary_sin = std::nullopt,
                                                  const std::optional<at::Tensor>& cache_seqlens = std::nullopt,
+                                                 const std::optional<at::Tensor>& cache_batch_idx = std::nullopt,
+                                                 const std::optional<at::Tensor>& cache_leftpad = std::nullopt,
                                                  const std::optional<at::Tensor>& block_table = std::nullopt,
                                                  std::optional<double> softmax_scale = std::nullopt,
                                                  bool causal = false, int64_t window_left = -1,
                                                  int64_t window_right = -1, double softcap = 0.0,
-                                                 int64_t num_splits = 0,
+                                                 bool rotary_interleaved = true,
                                                  const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
+                                                 int64_t num_splits = 0,
                                                  const std::optional<at::Tensor>& sinks = std::nullopt) {
   detail::keep_library_linked();
   // Schema: decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None,
-  //                Tensor? v=None, Tensor? cache_seqlens=None, Tensor? block_table=None,
+  //                Tensor? v=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None,
+  //                Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None,
+  //                Tensor? cache_leftpad=None, Tensor? block_table=None,
   //                float? softmax_scale=None, bool causal=False, int window_left=-1,
-  //                int window_right=-1, float softcap=0.0, int num_splits=0,
-  //                Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)
+  //                int window_right=-1, float softcap=0.0, bool rotary_interleaved=True,
+  //                Tensor? alibi_slopes=None, int num_splits=0, Tensor? sinks=None)
+  //                -> (Tensor out, Tensor lse)
   // The mutable Tensor(a!) arguments are at::Tensor& in the typed signature, as in ATen's
   // generated operators. A const at::Tensor& is taken here so that views (cache slices) can
   // be passed; the handle is not reseated, only the storage it points to is written, the
@@ -136,11 +149,13 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
           .typed<std::tuple<at::Tensor, at::Tensor>(
               const at::Tensor&, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-              const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t,
-              double, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
-  return op.call(q, const_cast<at::Tensor&>(k_cache), const_cast<at::Tensor&>(v_cache), k, v,
-                 cache_seqlens, block_table, softmax_scale, causal, window_left, window_right,
-                 softcap, num_splits, alibi_slopes, sinks);
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool,
+              const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&)>();
+  return op.call(q, const_cast<at::Tensor&>(k_cache), const_cast<at::Tensor&>(v_cache), k, v, rotary_cos,
+                 rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                 window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits, sinks);
 }
 
 }  // namespace fattn

@@ -17,7 +17,6 @@ from ._library import load_library
 load_library()
 _decode_op = torch.ops.fattn.decode.default
 
-MAX_QUERIES = 16  # query tokens per sequence (speculative decoding)
 MAX_SPLITS = 256
 
 
@@ -45,24 +44,32 @@ def flash_attn_with_kvcache(
     return_lse: bool = False,
     sinks: torch.Tensor | None = None,
 ):
-    """Attention of a few new query tokens over a KV cache (flash decoding), with flash-attn
-    2.8's parameters in its positional order (fattn's extras are keyword-only, after them).
-    Inference only (no autograd).
+    """Attention of new query tokens over a KV cache (flash decoding; chunked prefill for longer
+    query chunks), with flash-attn 2.8's parameters in its positional order (fattn's extras are
+    keyword-only, after them). Inference only (no autograd).
 
     Args:
-        q: [batch, seqlen_q, heads, head_dim] with 1 <= seqlen_q <= 16 (speculative
-           decoding), float16 or bfloat16 on CUDA.
-        k_cache, v_cache: [batch, capacity, kv_heads, head_dim], or with block_table a
-           paged cache [num_pages, page_size, kv_heads, head_dim] (page_size a multiple
-           of 16). Updated in place when k/v are given.
+        q: [batch, seqlen_q, heads, head_dim], float16 or bfloat16 on CUDA. Any seqlen_q >= 1:
+           up to 16 tokens run the split-K decoding tile, longer chunks a prefill-sized tile
+           over the same (paged) cache.
+        k_cache, v_cache: [batch_cache, capacity, kv_heads, head_dim] (batch_cache = batch unless
+           cache_batch_idx picks the rows), or with block_table a paged cache [num_pages,
+           page_size, kv_heads, head_dim] (page_size a multiple of 16). Updated in place when k/v
+           are given.
         k, v: optional new tokens [batch, seqlen_new, kv_heads, head_dim], written into the
            cache at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before
            attending. cache_seqlens itself is not advanced: that is the caller's job.
-        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad: flash-attn's rotary embedding,
-           cache row indirection and left padding; not supported yet (raise if given).
-        rotary_interleaved: flash-attn's rotary layout; ignored without rotary_cos.
+        rotary_cos, rotary_sin: [seqlen_ro, rotary_dim / 2] in q's dtype (seqlen_ro >= the cache's
+           capacity, rotary_dim <= head_dim): the rotary embedding, applied inside the call to the
+           first rotary_dim features of the new keys (new key i at position cache_seqlens[b] + i,
+           before the append) and of q (query t at cache_seqlens[b] + t when causal or with a
+           window, at cache_seqlens[b] for every t otherwise). Needs k and v.
         cache_seqlens: int32 [batch] (or an int for every sequence): keys already in each
            sequence's cache. None means every sequence fills its cache.
+        cache_batch_idx: int32 [batch]: sequence b uses row cache_batch_idx[b] of a contiguous
+           cache (rows must be distinct when appending). Not with block_table.
+        cache_leftpad: int32 [batch]: sequence b's keys start at cache_leftpad[b]; keys before
+           it are ignored. Masks and ALiBi keep the cache's positions.
         block_table: int32 [batch, pages_per_seq]: key j of sequence b lives in page
            block_table[b, j // page_size] at slot j % page_size.
         softmax_scale: default 1/sqrt(head_dim).
@@ -70,13 +77,15 @@ def flash_attn_with_kvcache(
            same as window_size=(left, 0).
         window_size: (left, right) sliding window; -1 is unbounded on that side.
         softcap: if > 0, scores become softcap * tanh(scores / softcap).
+        rotary_interleaved: rotate pairs (2i, 2i + 1) (GPT-J) if True, (i, i + rotary_dim / 2)
+           (GPT-NeoX) if False; ignored without rotary_cos.
+        alibi_slopes: float32 [heads] or [batch, heads]: key j of query t gets
+           -slope * |t + seqlen_k - seqlen_q - j| after the softcap, as in flash_attn_func.
         num_splits: split-K chunks per sequence on CUDA; 0 picks them from the shapes and
            the SM count. The grid never depends on cache_seqlens' values, so a decode step
            can be captured in a CUDA graph and replayed with new lengths.
         return_softmax_lse: also return lse, float32 [batch, heads, seqlen_q].
         return_lse: (keyword) the same, fattn's name for it elsewhere.
-        alibi_slopes: float32 [heads] or [batch, heads]: key j of query t gets
-           -slope * |t + seqlen_k - seqlen_q - j| after the softcap, as in flash_attn_func.
         sinks: (keyword) float32 [heads]: one logit per head in every row's denominator, as
            in flash_attn_func (counted once, whatever num_splits is).
 
@@ -84,21 +93,20 @@ def flash_attn_with_kvcache(
         out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse). Rows that see
         no key give out = 0 and lse = -inf.
 
-    On CUDA, an append past a sequence's capacity is dropped and out-of-range
-    block_table entries are not detected (checking either needs the device's values,
-    a host sync); the CPU implementation raises for both.
+    On CUDA the device's values are not checked (that would need a host sync): an append
+    past a sequence's capacity is dropped, out-of-range block_table or cache_batch_idx entries
+    and rotary positions past rotary_cos are not detected (rotary positions are clamped to the
+    table). The CPU implementation raises for each; on CUDA, FATTN_DEBUG_CHECKS=1 checks them on
+    the device first and stops the call with a message.
     """
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
-                        ("cache_leftpad", cache_leftpad)):
-        if value is not None:  # taken in flash-attn's position so that a ported call cannot shift the others
-            raise NotImplementedError(f"fattn.flash_attn_with_kvcache: {name} is not supported yet; pass None")
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     left, right = window_pair("flash_attn_with_kvcache", window_size)
     if k is not None:
         check_caches_can_take_the_append(k_cache, v_cache)
-    out, lse = _decode_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, left, right,
-                          softcap, num_splits, alibi_slopes, sinks)
+    out, lse = _decode_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                          cache_leftpad, block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved,
+                          alibi_slopes, num_splits, sinks)
     return (out, lse) if return_lse or return_softmax_lse else out
 
 
@@ -113,9 +121,8 @@ def _check_q(q):
     check_rank(_OP, "q", q, 4, "[batch, seqlen_q, heads, head_dim]")
     check_attention_dtype(_OP, "q", q)
     seqlen_q, head_dim = q.shape[1], q.shape[3]
-    if seqlen_q < 1 or seqlen_q > MAX_QUERIES:
-        fail(_OP, "q has seqlen ", seqlen_q, f"; decoding takes 1 to {MAX_QUERIES} query tokens per sequence "
-             "(use flash_attn_func for longer queries)")
+    if seqlen_q < 1:
+        fail(_OP, "q has seqlen ", seqlen_q, "; expected at least one query token per sequence")
     check_head_dim(_OP, head_dim)
     check_last_dim_contiguous(_OP, "q", q)
 
@@ -134,13 +141,26 @@ def _check_caches(q, k_cache, v_cache):
     check_head_groups(_OP, q.shape[2], k_cache.shape[2], "k_cache and v_cache")
 
 
-def _check_layout(q, k_cache, block_table):
+def _check_row_indices(q, cache_batch_idx, cache_leftpad, block_table):
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            check_index_tensor(_OP, name, t, 1, q)
+            if t.shape[0] != q.shape[0]:
+                fail(_OP, name, " has shape ", shape_of(t), "; expected [batch] = [", q.shape[0], "]")
+    if cache_batch_idx is not None and block_table is not None:
+        fail(_OP, "cache_batch_idx and block_table are both given; cache_batch_idx picks rows of a contiguous cache, ",
+             "with a paged cache block_table already says where each sequence lives")
+
+
+def _check_layout(q, k_cache, block_table, cache_batch_idx):
     """The cache's capacity: keys a sequence can hold."""
     batch = q.shape[0]
     if block_table is None:
-        if k_cache.shape[0] != batch:
+        if cache_batch_idx is None and k_cache.shape[0] != batch:
             fail(_OP, "k_cache has batch size ", k_cache.shape[0], " but q has ", batch,
-                 " (a paged cache needs block_table)")
+                 " (a paged cache needs block_table; a cache with other rows, cache_batch_idx)")
+        if cache_batch_idx is not None and k_cache.shape[0] == 0 and batch > 0:
+            fail(_OP, "k_cache has no rows for cache_batch_idx to pick")
         return k_cache.shape[1]
     check_index_tensor(_OP, "block_table", block_table, 2, q)
     if block_table.shape[0] != batch:
@@ -179,6 +199,32 @@ def _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity):
             fail(_OP, "cache_seqlens has shape ", shape_of(cache_seqlens), "; expected [batch] = [", q.shape[0], "]")
 
 
+def _check_rotary(q, rotary_cos, rotary_sin, k, capacity):
+    if (rotary_cos is None) != (rotary_sin is None):
+        fail(_OP, "rotary_cos is given but rotary_sin is not" if rotary_cos is not None
+             else "rotary_sin is given but rotary_cos is not", "; pass both, or neither")
+    if rotary_cos is None:
+        return
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        check_rank(_OP, name, t, 2, "[seqlen_ro, rotary_dim / 2]")
+        check_same_device(_OP, name, t, "q", q)
+        check_same_dtype(_OP, name, t, "q", q)
+        check_last_dim_contiguous(_OP, name, t)
+    if tuple(rotary_sin.shape) != tuple(rotary_cos.shape):
+        fail(_OP, "rotary_sin has shape ", shape_of(rotary_sin), " but rotary_cos has ", shape_of(rotary_cos),
+             "; they must have the same shape")
+    rotary_dim, head_dim = 2 * rotary_cos.shape[1], q.shape[3]
+    if rotary_dim < 2 or rotary_dim > head_dim:
+        fail(_OP, "rotary_cos has shape ", shape_of(rotary_cos), "; expected [seqlen_ro, rotary_dim / 2] with 2 <= ",
+             "rotary_dim <= head_dim = ", head_dim)
+    if rotary_cos.shape[0] < capacity:
+        fail(_OP, "rotary_cos has ", rotary_cos.shape[0], " positions but the cache holds ", capacity,
+             " keys per sequence; expected at least as many positions as the cache's capacity")
+    if k is None:
+        fail(_OP, "rotary_cos/rotary_sin are given but k/v are not; the rotary embedding is applied to q and to ",
+             "the new keys as they are appended, so pass the new k and v")
+
+
 def _check_writable_caches(k_cache, v_cache):
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         for d in range(c.dim()):
@@ -210,13 +256,16 @@ def _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks):
 
 
 @torch.library.register_fake("fattn::decode")
-def _decode_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None,
-                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0, alibi_slopes=None,
-                 sinks=None):
+def _decode_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                 cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                 window_left=-1, window_right=-1, softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
+                 num_splits=0, sinks=None):
     _check_q(q)
     _check_caches(q, k_cache, v_cache)
-    capacity = _check_layout(q, k_cache, block_table)
+    _check_row_indices(q, cache_batch_idx, cache_leftpad, block_table)
+    capacity = _check_layout(q, k_cache, block_table, cache_batch_idx)
     _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity)
+    _check_rotary(q, rotary_cos, rotary_sin, k, capacity)
     if k is not None:
         _check_writable_caches(k_cache, v_cache)
     _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks)

@@ -79,9 +79,29 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     return out.to(out_dtype), lse.to(lse_dtype(out_dtype))
 
 
+def rotary_reference(x, cos, sin, positions, interleaved, dtype=torch.float64):
+    """x [..., seqlen, heads, head_dim] with its first rotary_dim = 2 * cos.shape[1] features
+    rotated, in `dtype`: token s of x at row positions[..., s] of cos/sin [seqlen_ro, rotary_dim / 2].
+    Interleaved (GPT-J) turns the pairs (2i, 2i + 1), otherwise (GPT-NeoX) the pairs (i, i + rotary_dim / 2),
+    each by the angle of column i: (a, b) -> (a cos - b sin, a sin + b cos)."""
+    rotary_dim = 2 * cos.shape[1]
+    x = x.to(dtype)
+    c = cos.to(dtype)[positions.long()][..., None, :]  # [..., seqlen, 1, rotary_dim / 2]
+    s = sin.to(dtype)[positions.long()][..., None, :]
+    head, tail = x[..., :rotary_dim], x[..., rotary_dim:]
+    if interleaved:
+        a, b = head[..., 0::2], head[..., 1::2]
+        turned = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    else:
+        a, b = head[..., :rotary_dim // 2], head[..., rotary_dim // 2:]
+        turned = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    return torch.cat([turned, tail], dim=-1)
+
+
 def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
                       causal=False, window_size=(-1, -1), softcap=0.0, k=None, v=None,
-                      dtype=torch.float64, alibi_slopes=None, sinks=None):
+                      dtype=torch.float64, alibi_slopes=None, sinks=None, rotary_cos=None, rotary_sin=None,
+                      rotary_interleaved=True, cache_batch_idx=None, cache_leftpad=None):
     """(out, lse) of decoding over a KV cache (fattn.flash_attn_with_kvcache), computed in `dtype`.
 
     Plain PyTorch, one sequence at a time (their lengths differ). The caches are never modified:
@@ -94,6 +114,13 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     [batch, heads]). sinks ([heads]) join every row's denominator as in attention_reference.
     Rows that see no key give out 0 and lse -inf (lse = sink with sinks). out is in q's dtype,
     lse float32 (float64 for float64 q) [batch, heads, seqlen_q].
+
+    flash-attn's cache options: cache_batch_idx [batch] picks sequence b's row of a contiguous
+    cache; cache_leftpad [batch] hides keys j < cache_leftpad[b] (the mask and ALiBi positions stay
+    those of the cache); rotary_cos/rotary_sin [seqlen_ro, rotary_dim / 2] rotate the new keys at
+    cache_seqlens[b] + i (stored in the cache's dtype, as the append stores them) and q at
+    cache_seqlens[b] + t when the mask is causal or local (a window side below the capacity), at
+    cache_seqlens[b] for every t otherwise (rotary_reference).
     """
     out_dtype = q.dtype
     batch, seqlen_q, heads, head_dim = q.shape
@@ -118,8 +145,20 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         raise ValueError("kvcache_reference: give both k and v, or neither")
     seqlen_new = 0 if k is None else k.shape[1]
     left, right = window_size
+    per_token = causal or 0 <= left < capacity or 0 <= right < capacity
     if causal:
         right = 0
+    rows = list(range(batch)) if cache_batch_idx is None else [int(x) for x in cache_batch_idx.tolist()]
+    first_keys = [0] * batch if cache_leftpad is None else [int(x) for x in cache_leftpad.tolist()]
+    if rotary_cos is not None:
+        cached = torch.tensor(lengths, device=q.device)[:, None]
+        if seqlen_new:
+            # The append stores the rotated keys in the cache's dtype.
+            k = rotary_reference(k, rotary_cos, rotary_sin, cached + torch.arange(seqlen_new, device=q.device),
+                                 rotary_interleaved).to(k_cache.dtype)
+        steps = torch.arange(seqlen_q, device=q.device) if per_token else torch.zeros(seqlen_q, dtype=torch.long,
+                                                                                       device=q.device)
+        q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype)
 
     outs, lses = [], []
     for b in range(batch):
@@ -127,7 +166,7 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         if lengths[b] < 0 or seqlen_k > capacity:
             raise ValueError(f"kvcache_reference: sequence {b} needs {seqlen_k} keys, capacity {capacity}")
         if block_table is None:
-            keys, values = k_cache[b, :lengths[b]], v_cache[b, :lengths[b]]
+            keys, values = k_cache[rows[b], :lengths[b]], v_cache[rows[b], :lengths[b]]
         else:
             pages = block_table[b].long()
             keys = k_cache[pages].flatten(0, 1)[:lengths[b]]  # a gathered copy
@@ -147,7 +186,7 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         if alibi_slopes is not None:
             slopes = alibi_slopes.to(dtype).expand(batch, heads)[b].reshape(kv_heads, group, 1, 1)
             scores = scores - slopes * (t + diag - j).abs().to(dtype)
-        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+        visible = (j >= first_keys[b]).expand(seqlen_q, seqlen_k).clone()
         if right >= 0:
             visible &= j <= t + diag + right
         if left >= 0:

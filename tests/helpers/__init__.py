@@ -15,7 +15,10 @@ from .common import (
 )
 from .compile import recompiles_forbidden
 from .interpreter import run_interpreted
-from .kvcache import CACHE_LAYOUTS, KVCache, check_outputs, new_tokens, references, run_decode, seqlens_tensor
+from .kvcache import (
+    CACHE_LAYOUTS, CACHE_OPTION_CASES, KVCache, cache_option_case_id, check_outputs, new_tokens, references,
+    rotated_keys, run_cache_option_case, run_decode, seqlens_tensor,
+)
 from .library import check_stable_abi
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
@@ -24,12 +27,12 @@ from .samples import (
 )
 
 __all__ = [
-    "BACKWARD", "CACHE_LAYOUTS", "DECODE", "FORWARD", "HAS_GPU", "KVCache", "MERGE", "OPS",
+    "BACKWARD", "CACHE_LAYOUTS", "CACHE_OPTION_CASES", "DECODE", "FORWARD", "HAS_GPU", "KVCache", "MERGE", "OPS",
     "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
     "poison_allocator", "recompiles_forbidden", "run_interpreted", "reference_variant", "references", "requires_gpu",
-    "run_decode",
+    "run_decode", "cache_option_case_id", "rotated_keys", "run_cache_option_case",
     "seqlens_tensor", "VARLEN_BACKWARD", "VARLEN_CASES", "VARLEN_FORWARD", "varlen_backward_samples",
     "varlen_forward_samples", "varlen_inputs",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import fattn
-from fattn.reference import kvcache_reference
+from fattn.reference import kvcache_reference, rotary_reference
 
 from .common import expected_lse_dtype
 
@@ -24,14 +24,20 @@ class KVCache:
       transposed: each is the transpose of a [.., .., kv_heads, d] buffer stored token-major
              (dim 0 stride smaller than dim 1's).
     `bases` are the tensors that own the memory: the append must change nothing else in them.
+    With `spare_rows`, a contiguous cache has that many rows more than sequences and
+    `cache_batch_idx` (int32 [batch], distinct rows in shuffled order) says which row each uses.
     """
 
     def __init__(self, batch, capacity, kv_heads, head_dim, dtype, device, page_size=None,
-                 layout="contiguous", spare_pages=3):
+                 layout="contiguous", spare_pages=3, spare_rows=None):
         self.batch, self.kv_heads, self.head_dim = batch, kv_heads, head_dim
         self.page_size, self.layout = page_size, layout
+        self.cache_batch_idx = None
         if page_size is None:
             lead = (batch, capacity)
+            if spare_rows is not None:
+                lead = (batch + spare_rows, capacity)
+                self.cache_batch_idx = torch.randperm(lead[0], device=device)[:batch].to(torch.int32)
             self.block_table = None
             self.capacity = capacity
         else:
@@ -77,7 +83,7 @@ class KVCache:
     def slot(self, b, pos):
         """(index0, index1) of key `pos` of sequence `b` in k_cache / v_cache."""
         if self.block_table is None:
-            return b, pos
+            return (b if self.cache_batch_idx is None else int(self.cache_batch_idx[b])), pos
         return int(self.block_table[b, pos // self.page_size]), pos % self.page_size
 
     def expected_after_append(self, snapshot, k, v, cache_seqlens):
@@ -92,11 +98,12 @@ class KVCache:
                     v_cache[page, row] = v[b, i]
         return expected
 
-    def check_append(self, snapshot, k, v, cache_seqlens, what=""):
-        """The cache holds the snapshot with k/v written at cache_seqlens[b] + i, nothing else changed."""
+    def check_append(self, snapshot, k, v, cache_seqlens, what="", atol=0.0):
+        """The cache holds the snapshot with k/v written at cache_seqlens[b] + i, nothing else changed
+        (within atol: a rotated key computed in fp32 may round differently from the reference's)."""
         expected = self.expected_after_append(snapshot, k, v, cache_seqlens)
         for got, want in zip(self.bases, expected):
-            if not torch.equal(got, want):
+            if not (torch.equal(got, want) if atol == 0 else torch.allclose(got, want, rtol=0, atol=atol)):
                 changed = (got != want).flatten(-2).any(-1).nonzero()[:8].tolist()
                 raise AssertionError(f"{what}: cache contents differ from the expected append at "
                                      f"(index0, index1, head) {changed} (first 8)")
@@ -147,19 +154,84 @@ def check_outputs(out, lse, q, ref_out, ref_lse, low_out, what=""):
     return err
 
 
+def rotated_keys(k, cache_seqlens, rotary_cos, rotary_sin, rotary_interleaved=True):
+    """The new keys as the append stores them: rotated at cache_seqlens[b] + i, in k's dtype."""
+    positions = cache_seqlens.to(k.device)[:, None] + torch.arange(k.shape[1], device=k.device)
+    return rotary_reference(k, rotary_cos, rotary_sin, positions, rotary_interleaved).to(k.dtype)
+
+
 def run_decode(q, cache, cache_seqlens, k=None, v=None, what="", num_splits=0, **kw):
     """Run the op (through the public API), then check out/lse against the reference computed on
-    a snapshot taken before the call, and the cache against the expected append."""
+    a snapshot taken before the call, and the cache against the expected append. The cache's
+    cache_batch_idx is passed along; kw may hold rotary_cos/rotary_sin/rotary_interleaved and
+    cache_leftpad (given to the op and the reference alike)."""
     snap = cache.snapshot()
+    kw = dict(kw, cache_batch_idx=cache.cache_batch_idx)
     out, lse = fattn.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, k=k, v=v,
                                              cache_seqlens=cache_seqlens, block_table=cache.block_table,
                                              num_splits=num_splits, return_lse=True, **kw)
     k0, v0 = cache.views(snap)
     ref_out, ref_lse, low_out = references(q, k0, v0, cache_seqlens, cache.block_table, k, v, **kw)
     check_outputs(out, lse, q, ref_out, ref_lse, low_out, what=what)
-    cache.check_append(snap, k, v, cache_seqlens, what=what)
+    stored, atol = k, 0.0
+    if k is not None and kw.get("rotary_cos") is not None:
+        stored = rotated_keys(k, cache_seqlens, kw["rotary_cos"], kw["rotary_sin"], kw.get("rotary_interleaved", True))
+        # The kernels rotate in fp32: one rounding step of the stored dtype apart at most.
+        atol = 0.0 if q.device.type == "cpu" else 2 * torch.finfo(k.dtype).eps * stored.abs().max().item()
+    cache.check_append(snap, stored, v, cache_seqlens, what=what, atol=atol)
     return out, lse
 
 
 def seqlens_tensor(lengths, device="cpu"):
     return torch.tensor(lengths, dtype=torch.int32, device=device)
+
+
+# Cases of flash-attn's cache options (rotary, cache_batch_idx, cache_leftpad) and of query
+# chunks longer than the decoding tile: (name, cache_seqlens, seqlen_q, heads, kv_heads,
+# head_dim, page_size, new tokens, causal, window, options). options: rotary = (layout,
+# rotary_dim), spare_rows (cache_batch_idx over a cache with more rows), leftpad (list), alibi.
+CACHE_OPTION_CASES = [
+    ("rotary-interleaved-full", [0, 17, 90], 1, 8, 2, 64, None, 1, True, (-1, -1), dict(rotary=("gptj", 64))),
+    ("rotary-neox-half-paged", [3, 17, 90], 4, 8, 2, 64, 16, 4, True, (-1, -1), dict(rotary=("neox", 32))),
+    ("rotary-noncausal-one-position", [3, 17, 90], 3, 4, 4, 40, None, 2, False, (-1, -1), dict(rotary=("neox", 16))),
+    ("rotary-window-per-token", [3, 17, 90], 5, 8, 4, 80, 16, 5, False, (12, 0), dict(rotary=("gptj", 48))),
+    ("batch-idx-append", [5, 40, 70], 2, 8, 2, 64, None, 2, True, (-1, -1), dict(spare_rows=3)),
+    ("batch-idx-rotary-leftpad", [5, 40, 70], 3, 8, 2, 32, None, 3, True, (-1, -1),
+     dict(spare_rows=2, rotary=("neox", 32), leftpad=[0, 7, 69])),
+    ("leftpad-window-alibi", [9, 40, 70], 4, 4, 1, 64, None, 1, False, (16, 3), dict(leftpad=[9, 1, 30], alibi=True)),
+    ("leftpad-paged-all-hidden", [9, 40, 70], 2, 4, 2, 64, 16, 0, True, (-1, -1), dict(leftpad=[9, 40, 0])),
+    ("prefill-17-queries", [0, 17, 90], 17, 8, 2, 64, 16, 17, True, (-1, -1), {}),
+    ("prefill-130-queries-gqa4-rotary", [0, 40, 200], 130, 8, 2, 64, None, 130, True, (-1, -1),
+     dict(rotary=("gptj", 64))),
+    ("prefill-100-queries-window-leftpad-paged", [0, 40, 200], 100, 4, 4, 96, 16, 60, True, (50, 0),
+     dict(leftpad=[0, 10, 100])),
+    ("prefill-40-queries-noncausal-mqa", [10, 40, 120], 40, 8, 1, 32, None, 0, False, (-1, -1), {}),
+]
+
+
+def cache_option_case_id(case):
+    return case[0]
+
+
+def run_cache_option_case(case, dtype, device, num_splits=0):
+    """One CACHE_OPTION_CASES case through run_decode (the op against the float64 reference,
+    the append checked against the rotated keys)."""
+    name, lengths, seqlen_q, heads, kv_heads, head_dim, page_size, new, causal, window, options = case
+    batch = len(lengths)
+    capacity = max(lengths) + max(new, seqlen_q) + 3
+    cache = KVCache(batch, capacity, kv_heads, head_dim, dtype, device, page_size=page_size,
+                    spare_rows=options.get("spare_rows"))
+    q = torch.randn(batch, seqlen_q, heads, head_dim, dtype=dtype, device=device)
+    k, v = new_tokens(batch, new, kv_heads, head_dim, dtype, device)
+    kw = dict(causal=causal, window_size=window)
+    if "rotary" in options:
+        layout, rotary_dim = options["rotary"]
+        angles = 2 * torch.pi * torch.rand(cache.capacity + 5, rotary_dim // 2, dtype=torch.float64, device=device)
+        kw.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
+                  rotary_interleaved=layout == "gptj")
+    if "leftpad" in options:
+        kw["cache_leftpad"] = torch.tensor(options["leftpad"], dtype=torch.int32, device=device)
+    if options.get("alibi"):
+        kw["alibi_slopes"] = 0.3 * torch.rand(batch, heads, device=device)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return run_decode(q, cache, cache_seqlens, k, v, what=name, num_splits=num_splits, **kw)

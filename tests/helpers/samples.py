@@ -207,22 +207,34 @@ DECODE_CASES = [
     ("paged16-append2-sinks-splits3-empty-sequence", 16, "contiguous", 2, [0, 33], dict(sinks=True, num_splits=3)),
     ("whole-cache", 16, "contiguous", 0, None, {}),
     ("empty-sequence-right-window", None, "contiguous", 0, [0, 2], dict(causal=False, window=(-1, 0))),
+    ("rotary-interleaved-append3", None, "contiguous", 3, [5, 33], dict(rotary="interleaved")),
+    ("paged16-rotary-neox-append2-noncausal", 16, "contiguous", 2, [5, 33], dict(rotary="neox", causal=False)),
+    ("batch-idx-leftpad-append3", None, "contiguous", 3, [5, 33], dict(batch_idx=True, leftpad=[2, 30])),
+    ("paged16-leftpad-window", 16, "fused", 0, [5, 33], dict(leftpad=[0, 20], window=(8, 0))),
+    ("chunked-prefill-20-queries-append20", 16, "contiguous", 20, [5, 13], dict(seqlen_q=20)),
 ]
 
 
 def decode_samples(device, dtype):
-    """fattn::decode(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
-    window_left, window_right, softcap, num_splits, alibi_slopes); the caches are the sample's own."""
+    """fattn::decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+    cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
+    rotary_interleaved, alibi_slopes, num_splits, sinks); the caches are the sample's own."""
     for name, page_size, layout, seqlen_new, lengths, options in DECODE_CASES:
-        q = torch.randn(2, 3, 4, 16, dtype=dtype, device=device)
+        q = torch.randn(2, options.get("seqlen_q", 3), 4, 16, dtype=dtype, device=device)
         cache = KVCache(2, 40, 2, 16, dtype, device, page_size=page_size, layout=layout)
         k, v = new_tokens(2, seqlen_new, 2, 16, dtype, device)
         cache_seqlens = None if lengths is None else seqlens_tensor(lengths, device)
         window = options.get("window", (-1, -1))
-        yield Sample(name, (q, cache.k_cache, cache.v_cache, k, v, cache_seqlens, cache.block_table,
-                            options.get("softmax_scale"), options.get("causal", True), window[0], window[1],
-                            options.get("softcap", 0.0), options.get("num_splits", 0),
-                            alibi_slopes(options.get("alibi"), 2, 4, device),
+        cos = sin = None
+        if "rotary" in options:  # rotary_dim 8 of head_dim 16, positions for the whole capacity
+            angles = 6.3 * torch.rand(cache.capacity, 4, dtype=torch.float64, device=device)
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        batch_idx = seqlens_tensor([1, 0], device) if options.get("batch_idx") else None
+        leftpad = seqlens_tensor(options["leftpad"], device) if "leftpad" in options else None
+        yield Sample(name, (q, cache.k_cache, cache.v_cache, k, v, cos, sin, cache_seqlens, batch_idx, leftpad,
+                            cache.block_table, options.get("softmax_scale"), options.get("causal", True), window[0],
+                            window[1], options.get("softcap", 0.0), options.get("rotary") == "interleaved",
+                            alibi_slopes(options.get("alibi"), 2, 4, device), options.get("num_splits", 0),
                             sinks_for(4, device) if options.get("sinks") else None))
 
 

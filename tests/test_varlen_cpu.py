@@ -115,12 +115,6 @@ def test_bad_input_raises_like_the_fake(changes, match):
     check_fake_raises_like_op(VARLEN_FORWARD, args, match)
 
 
-def test_block_table_raises():
-    q, k, v, cu_q, cu_k, max_q, max_k, _ = varlen_inputs(VARLEN_CASES[0], "cpu", torch.float64)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, block_table=torch.zeros(3, 1))
-
-
 def test_backward_op_checks_packed_lse():
     sample = next(varlen_forward_samples("cpu", torch.float64))
     q, k, v, cu_q, cu_k, max_q, max_k, used, *options = sample.args

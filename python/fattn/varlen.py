@@ -17,6 +17,7 @@ from ._checks import (
     check_dropout, check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of, window_pair,
 )
 from ._library import load_library
+from .paged_varlen import paged_varlen_forward
 from .attention import (
     AttentionShape, check_attention_variant, check_backward_inputs, check_qkv, eager_autograd, sinks_gradient,
 )
@@ -45,7 +46,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         dropout_p ... return_attn_probs: as flash_attn_func; causal and windows are aligned
            to the bottom-right corner of each sequence's own (seqlen_q, seqlen_k). Dropout's
            mask counts rows and keys from each sequence's start, batch = sequence index.
-        block_table: flash-attn's paged keys; not supported (raises if given).
+        block_table: int32 [batch, pages_per_seq]: k and v are a paged cache [num_pages, page_size,
+           kv_heads, head_dim] (page_size a multiple of 16), key j of sequence b in page
+           block_table[b, j // page_size], and sequence b has cu_seqlens_k[b + 1] - cu_seqlens_k[b]
+           keys (seqused_k[b] if given). Forward only (chunked prefill): no dropout, no gradient;
+           fattn/paged_varlen.py.
         seqused_k: (keyword) int32 [batch]: sequence b attends to its first seqused_k[b] keys.
         return_lse: (keyword) also return lse, float32 [heads, total_q].
         sinks: (keyword) float32 [heads], as in flash_attn_func.
@@ -53,10 +58,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Rows outside every sequence (past cu[batch]) get out 0 and lse 0, and gradient 0.
     """
     dropout_p = _dropout.check_probability("flash_attn_varlen_func", dropout_p)
-    if block_table is not None:
-        raise NotImplementedError("fattn.flash_attn_varlen_func: block_table (paged keys) is not supported; "
-                                  "pass None")
     left, right = window_pair("flash_attn_varlen_func", window_size)
+    if block_table is not None:
+        if dropout_p > 0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+            raise RuntimeError("fattn.flash_attn_varlen_func: with block_table (paged keys) attention is forward "
+                               "only: dropout_p must be 0 and q, k, v must not require grad (or call under "
+                               "torch.no_grad())")
+        out, lse = paged_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table, seqused_k,
+                                        softmax_scale, causal, left, right, softcap, alibi_slopes, sinks)
+        if return_attn_probs:
+            return out, lse, None
+        return (out, lse) if return_lse else out
     head_dim, padding = q.shape[-1], _head_dim.padding_for(q, k, v)
     if padding:  # a head dim that is not a multiple of 8 (fattn/_head_dim.py)
         softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)

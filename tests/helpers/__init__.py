@@ -20,6 +20,7 @@ from .kvcache import (
     rotated_keys, run_cache_option_case, run_decode, seqlens_tensor,
 )
 from .library import check_stable_abi
+from .paged_varlen import check_paged_varlen, paged_varlen_inputs
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
     check_fake_raises_like_op, decode_samples, forward_samples, merge_samples, reference_variant, VARLEN_BACKWARD,
@@ -27,6 +28,7 @@ from .samples import (
 )
 
 __all__ = [
+    "check_paged_varlen", "paged_varlen_inputs",
     "BACKWARD", "CACHE_LAYOUTS", "CACHE_OPTION_CASES", "DECODE", "FORWARD", "HAS_GPU", "KVCache", "MERGE", "OPS",
     "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
     "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",

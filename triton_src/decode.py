@@ -120,6 +120,117 @@ def kv_append(
 
 
 @triton.jit
+def _wide_key_tiles(
+    acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    start, stop, first_tile, num_tiles, skip_at, skip, page_size, offs_n, offs_d, d_ok,
+    token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
+    MODS: tl.constexpr, WHOLE_PAGES: tl.constexpr,
+):
+    """Folds num_tiles key tiles of the chunk [start, stop) into the softmax state: the i-th is
+    tile first_tile + i, or + skip once i >= skip_at (the masked loop jumps over the fully
+    visible middle). MASKED applies the rows' window and the chunk's end; MODS the softcap and
+    ALiBi (left out of the plain loop: their code costs the pipeline even when unused).
+    WHOLE_PAGES: every tile lies in one page (tiles start at multiples of BLOCK_N, which
+    divides page_size), so one page number per tile addresses it, read like a contiguous cache."""
+    for i in range(0, num_tiles):
+        start_n = start + (first_tile + i + tl.where(i >= skip_at, skip, 0)) * BLOCK_N
+        cols = start_n + offs_n
+        rows = tl.minimum(cols, stop - 1) if MASKED else cols  # in bounds, on a mapped page
+        if WHOLE_PAGES:
+            page = tl.load(BlockTable + table_row + start_n // page_size).to(tl.int64)
+            slot = (start_n % page_size + offs_n).to(tl.int64)  # the plain loop: cols == rows
+        else:
+            page, slot = _key_slots(BlockTable, table_row, rows, page_size, PAGED)
+        k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
+        v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
+        if PAD_D:
+            k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
+        else:
+            k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
+        qk = tl.dot(q, k) * qk_scale
+        if MODS:
+            if softcap_log2 > 0:
+                qk = softcap_log2 * softcap_tanh(qk)
+            if use_alibi != 0:
+                qk -= alibi_log2[:, None] * tl.abs(token[:, None] + diagonal - cols[None, :]).to(tl.float32)
+        if MASKED:
+            visible = (cols[None, :] < stop) & (cols[None, :] >= row_lo[:, None]) & (cols[None, :] <= row_hi[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
+        if PAD_D:
+            v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _wide_chunk(
+    acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    lo, hi, split, num_splits, first_key, first_token, last_token, seqlen_k, page_size, offs_n, offs_d, d_ok,
+    token, diagonal, window_left, window_right, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """The wide row tile's pass over its split of [lo, hi), as the forward kernel does it: key
+    tiles visible to every row of the tile run without a mask (and without the softcap/ALiBi
+    code when neither is on), the edges of the window and of the keys with it. Tiles start at
+    multiples of BLOCK_N (the keys below lo in the first one are masked by the rows' bounds)."""
+    lo = (lo // BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    stop = tl.minimum(start + chunk, hi)
+    # Keys every row of the tile sees: [full_lo, full_hi).
+    full_lo = first_key
+    if window_left >= 0:
+        full_lo = tl.maximum(last_token + diagonal - window_left, first_key)
+    full_hi = tl.minimum(stop, seqlen_k)
+    if window_right >= 0:
+        full_hi = tl.minimum(full_hi, first_token + diagonal + window_right + 1)
+    num_tiles = tl.cdiv(tl.maximum(stop - start, 0), BLOCK_N)
+    full_first = tl.minimum(tl.cdiv(tl.maximum(full_lo - start, 0), BLOCK_N), num_tiles)
+    full_end = tl.maximum(tl.minimum(tl.maximum(full_hi - start, 0) // BLOCK_N, num_tiles), full_first)
+    num_full = full_end - full_first
+    whole_pages = PAGED and (page_size % BLOCK_N == 0)
+    mods = (softcap_log2 > 0) | (use_alibi != 0)
+    if whole_pages:
+        if mods:
+            acc, l_i, m_i = _wide_key_tiles(
+                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
+                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+                BLOCK_N, PAGED, PAD_D, False, True, True)
+        else:
+            acc, l_i, m_i = _wide_key_tiles(
+                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
+                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+                BLOCK_N, PAGED, PAD_D, False, False, True)
+    else:
+        if mods:
+            acc, l_i, m_i = _wide_key_tiles(
+                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
+                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+                BLOCK_N, PAGED, PAD_D, False, True, False)
+        else:
+            acc, l_i, m_i = _wide_key_tiles(
+                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
+                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+                BLOCK_N, PAGED, PAD_D, False, False, False)
+    # The edges: tiles [0, full_first) and [full_end, num_tiles).
+    return _wide_key_tiles(
+        acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, start, stop, 0, full_first + num_tiles - full_end, full_first, num_full,
+        page_size, offs_n, offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi,
+        alibi_log2, BLOCK_N, PAGED, PAD_D, True, True, False)
+
+
+@triton.jit
 def attn_decode_split(
     Q, KCache, VCache, CacheSeqlens, BlockTable, CacheBatchIdx, CacheLeftpad, RotaryCos, RotarySin,
     PartOut, PartLse, Out, Lse,
@@ -147,7 +258,8 @@ def attn_decode_split(
     cache_batch_idx[batch] with use_batch_idx != 0; with use_leftpad != 0 the keys before
     cache_leftpad[batch] are not attended to (the masks keep their positions). With rotary_dim > 0,
     q is rotated as it is loaded, at cache_seqlens[batch] (+ its token with rotary_per_token != 0).
-    WIDE only selects the build's row tile (BLOCK_M). Out [batch, seqlen_q, heads, head_dim] and Lse
+    WIDE (chunked prefill) takes the forward kernel's two-loop pass (_wide_chunk): no mask
+    on the key tiles every row sees. Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
@@ -189,10 +301,6 @@ def attn_decode_split(
     hi = seqlen_k
     if window_right >= 0:
         hi = tl.minimum(last_token + diagonal + window_right + 1, seqlen_k)
-    # This split's chunk of [lo, hi), a whole number of key tiles.
-    chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
-    start = lo + split * chunk
-    stop = tl.minimum(start + chunk, hi)
 
     # Per-row window bounds; an unbounded side admits every key in [lo, hi).
     row_lo = tl.maximum(tl.where(window_left >= 0, token + diagonal - window_left, 0), first_key)
@@ -203,35 +311,45 @@ def attn_decode_split(
 
     m_i, l_i = initial_softmax_state(Sinks, head, (use_sinks != 0) & (split == 0), BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Rows past `stop` are clamped onto the last key (key 0 for an empty chunk): their
-    # loads stay in bounds and on a mapped page, and their scores are masked. The page
-    # numbers of a tile are loaded one tile ahead, so the K/V loads do not wait on the
-    # block table (that lets Triton pipeline them).
-    page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(start + offs_n, stop - 1), 0), page_size,
-                            PAGED)
-    for start_n in range(start, stop, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < stop
-        k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
-        v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
-        page, slot = _key_slots(BlockTable, table_row, tl.minimum(cols + BLOCK_N, stop - 1), page_size, PAGED)
-        if PAD_D:
-            k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
-        else:
-            k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
-        qk = tl.dot(q, k) * qk_scale
-        if softcap_log2 > 0:
-            qk = softcap_log2 * softcap_tanh(qk)
-        if use_alibi != 0:
-            qk -= alibi_log2[:, None] * tl.abs(token[:, None] + diagonal - cols[None, :]).to(tl.float32)
-        visible = col_ok[None, :] & (cols[None, :] >= row_lo[:, None]) & (cols[None, :] <= row_hi[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, True)
-        if PAD_D:
-            v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-        else:
-            v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
-        acc = tl.dot(p.to(v.dtype), v, acc)
+    if WIDE:
+        acc, l_i, m_i = _wide_chunk(
+            acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+            stride_vb, stride_vs, stride_vh, lo, hi, split, num_splits, first_key, first_token, last_token, seqlen_k,
+            page_size, offs_n, offs_d, d_ok, token, diagonal, window_left, window_right, row_lo, row_hi, qk_scale,
+            softcap_log2, use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D)
+    else:
+        # Rows past `stop` are clamped onto the last key (key 0 for an empty chunk): their
+        # loads stay in bounds and on a mapped page, and their scores are masked. The page
+        # numbers of a tile are loaded one tile ahead, so the K/V loads do not wait on the
+        # block table (that lets Triton pipeline them).
+        chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
+        start = lo + split * chunk
+        stop = tl.minimum(start + chunk, hi)
+        page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(start + offs_n, stop - 1), 0),
+                                page_size, PAGED)
+        for start_n in range(start, stop, BLOCK_N):
+            cols = start_n + offs_n
+            col_ok = cols < stop
+            k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
+            v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
+            page, slot = _key_slots(BlockTable, table_row, tl.minimum(cols + BLOCK_N, stop - 1), page_size, PAGED)
+            if PAD_D:
+                k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
+            else:
+                k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
+            qk = tl.dot(q, k) * qk_scale
+            if softcap_log2 > 0:
+                qk = softcap_log2 * softcap_tanh(qk)
+            if use_alibi != 0:
+                qk -= alibi_log2[:, None] * tl.abs(token[:, None] + diagonal - cols[None, :]).to(tl.float32)
+            visible = col_ok[None, :] & (cols[None, :] >= row_lo[:, None]) & (cols[None, :] <= row_hi[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+            p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, True)
+            if PAD_D:
+                v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+            else:
+                v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
+            acc = tl.dot(p.to(v.dtype), v, acc)
 
     out, lse = softmax_finish(acc, l_i, m_i)
 

@@ -95,14 +95,16 @@ def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
 def _flag_overrides(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> dict:
     """Launch options that differ for some flag values: configs.json's "flag_overrides", a list of
     {"flags": {...}, "archs": [...], "buckets": [...], "set": {...}, "why": "..."} entries, applied
-    in order to every variant whose flags, arch and bucket match (e.g. fewer pipeline stages for
-    the SCORE_MOD variants, whose bias and dropout code needs shared memory of its own)."""
+    in order to every variant whose flags (a value, or a list of the values that match), arch and
+    bucket match (e.g. fewer pipeline stages for the SCORE_MOD variants, whose bias and dropout
+    code needs shared memory of its own)."""
     out = {}
     for entry in kcfg.get("flag_overrides", []):
         unknown = set(entry["flags"]) - set(kcfg["flags"])
         if unknown:
             raise GridError(f"configs.json: {kernel} flag_overrides name unknown flags {sorted(unknown)}")
-        if (all(flags[n] == v for n, v in entry["flags"].items()) and arch in entry.get("archs", [arch])
+        if (all(flags[n] in v if isinstance(v, list) else flags[n] == v for n, v in entry["flags"].items())
+                and arch in entry.get("archs", [arch])
                 and bucket in entry.get("buckets", [bucket])):
             out.update(entry["set"])
     return out

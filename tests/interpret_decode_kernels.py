@@ -32,7 +32,7 @@ WIDE_TILES = DecodeTiles(block_m=64, block_n=16, block_s=4, num_warps=4, num_sta
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-           alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=False):
+           alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=0):
     variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
     return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, WIDE_TILES if wide else TILES, variant,
                   k_new, v_new, rotary=rotary, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
@@ -55,13 +55,14 @@ CASES = [
     ("paged16-rotary-neox-noncausal-leftpad", 2, 4, 4, 24, 16, 2, False, (-1, -1), 0.0, 1),
     ("paged16-wide-40q-causal-rotary-neox-2splits", 40, 4, 2, 16, 16, 40, True, (-1, -1), 0.0, 2),
     ("contiguous-wide-33q-window-batchidx-leftpad", 33, 8, 1, 32, None, 5, False, (20, 0), 0.0, 1),
+    ("paged16-wide-mods-24q-causal-softcap-alibi-3splits", 24, 8, 2, 16, 16, 3, True, (-1, -1), 4.0, 3),
 ]
 
 
 def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, causal, window, softcap, splits):
     """Cases named *alibi* add [batch, heads] ALiBi slopes, *sinks* sinks, *rotary-gptj* /
     *rotary-neox* a rotary embedding over 16 features, *batchidx* a cache with two spare rows,
-    *leftpad* left padding, *wide* the wide row tile."""
+    *leftpad* left padding, *wide* the wide row tile (*wide-mods* its softcap/ALiBi build)."""
     # An empty sequence, a short and a long one: with 9 splits the long one spreads its keys
     # over more splits than one merge chunk (BLOCK_S) holds. A right window only bites
     # when it is shorter than seqlen_q - 1 (the mask is aligned bottom-right).
@@ -97,7 +98,7 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         rotary_sin=None if rotary is None else rotary.sin.double(),
         rotary_interleaved=rotary is not None and rotary.interleaved, cache_batch_idx=batch_idx, cache_leftpad=leftpad)
     out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-                      alibi, sinks, rotary, batch_idx, leftpad, wide="wide" in name)
+                      alibi, sinks, rotary, batch_idx, leftpad, wide=(2 if "mods" in name else 1) if "wide" in name else 0)
     finite = torch.isfinite(want_lse)
     return {
         "case": name,

@@ -31,7 +31,7 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     assert len(variants) == expected
     assert {v.arch for v in variants} == {75, 80, 86, 89, 90}
     assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_merge",
-                                            "attn_decode_split", "attn_decode_merge", "kv_append"}
+                                            "attn_decode_split", "attn_decode_merge", "kv_append", "rotate_queries"}
     assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
 
 

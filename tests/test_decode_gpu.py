@@ -332,7 +332,7 @@ def test_cuda_graph_decode_step_with_append(page_size):
         cache.check_append(snap, k, v, cache_seqlens, what=f"graph replay lengths={lengths}")
 
 
-DECODE_KERNELS = ("attn_decode_split", "attn_decode_merge", "kv_append")
+DECODE_KERNELS = ("attn_decode_split", "attn_decode_merge", "kv_append", "rotate_queries")
 
 
 @pytest.mark.parametrize("case", [

@@ -21,7 +21,7 @@ def interpreted():
 
 def test_every_case_ran(interpreted):
     seed, rows = interpreted
-    assert len(rows) == 14, f"seed {seed}: {sorted(rows)}"
+    assert len(rows) == 15, f"seed {seed}: {sorted(rows)}"
     # The batch holds an empty sequence (no append): its rows must come out empty.
     assert rows["paged16-mha-3splits"]["empty_rows"] > 0
 
@@ -32,7 +32,7 @@ def test_every_case_ran(interpreted):
     "paged16-causal-softcap", "paged16-causal-softcap-alibi-gqa4", "paged16-causal-sinks-gqa4-9splits",
     "contiguous-window-sinks-1split", "contiguous-rotary-gptj-batchidx-leftpad-3splits",
     "paged16-rotary-neox-noncausal-leftpad", "paged16-wide-40q-causal-rotary-neox-2splits",
-    "contiguous-wide-33q-window-batchidx-leftpad",
+    "contiguous-wide-33q-window-batchidx-leftpad", "paged16-wide-mods-24q-causal-softcap-alibi-3splits",
 ])
 def test_kernels_match_cpu_op(interpreted, case):
     seed, rows = interpreted

@@ -6,6 +6,7 @@ loads in flight:
 
 - `kv_append` writes the new tokens' k/v into the cache at cache_seqlens[b] (the keys
   rotated first when a rotary embedding is given).
+- `rotate_queries` applies a rotary embedding to q (only when one is given).
 - `attn_decode_split`: one program per (split, kv head, row tile, batch). Its row
   tile holds every query head of the KV group for every query token (rows are
   token-major: row = token * group + head_in_group), so each K/V byte is read by
@@ -20,8 +21,9 @@ lengths. Each program derives its chunk from the actual length, so splits stay
 balanced however full the cache is.
 
 The same split kernel serves chunked prefill (hundreds of query tokens over the
-cache): the build gives it a narrow row tile for decoding and a wide one (the WIDE
-flag) for long query chunks; the algorithm is the same.
+cache): the build gives it a narrow row tile for decoding (WIDE 0) and a wide one for
+long query chunks (WIDE 1 without, 2 with the softcap/ALiBi code), whose key loop is
+split into unmasked and masked tiles as in the forward kernel.
 
 Scores live in the log2 domain (log2(e) folded into the scale, exp2 in the
 softmax), as in the forward kernel. Masking (causal, sliding window) is applied
@@ -120,31 +122,63 @@ def kv_append(
 
 
 @triton.jit
+def rotate_queries(
+    Q, QRot, CacheSeqlens, RotaryCos, RotarySin,
+    stride_qb, stride_qs, stride_qh,
+    seqlen_q, num_heads, head_dim, stride_ro, seqlen_ro, rotary_dim, rotary_interleaved, rotary_per_token,
+    BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """Grid (seqlen_q, heads, batch): query token t of (batch, head) rotated at cache_seqlens[batch]
+    (+ t with rotary_per_token != 0) into QRot, contiguous [batch, seqlen_q, heads, head_dim].
+    A launch of its own, so that the split kernel carries no rotation code."""
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
+    row = batch * stride_qb + t.to(tl.int64) * stride_qs + head.to(tl.int64) * stride_qh
+    q = tl.load(Q + row + offs_d, mask=d_ok)
+    position = tl.load(CacheSeqlens + batch) + tl.where(rotary_per_token != 0, t, 0)
+    one = tl.full([1], 1, tl.int1)
+    rotated = _rotate(q[None, :], Q, tl.full([1], 0, tl.int64) + row, one, offs_d,
+                      tl.full([1], 0, tl.int32) + position, RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim,
+                      rotary_interleaved)
+    out_row = ((batch * seqlen_q + t) * num_heads + head) * head_dim
+    tl.store(QRot + out_row + offs_d, tl.reshape(rotated, [BLOCK_D]).to(QRot.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N: tl.constexpr,
+                     PAGED: tl.constexpr):
+    """(page, slot) of the keys of the chunk's key tile `tile`, clamped onto the chunk's last key
+    (in bounds, on a mapped page: this also serves the lookahead past the last tile)."""
+    rows = tl.maximum(tl.minimum(start + tile * BLOCK_N + offs_n, stop - 1), 0)
+    return _key_slots(BlockTable, table_row, rows, page_size, PAGED)
+
+
+@triton.jit
 def _wide_key_tiles(
     acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     start, stop, first_tile, num_tiles, skip_at, skip, page_size, offs_n, offs_d, d_ok,
     token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
-    MODS: tl.constexpr, WHOLE_PAGES: tl.constexpr,
+    MODS: tl.constexpr,
 ):
     """Folds num_tiles key tiles of the chunk [start, stop) into the softmax state: the i-th is
     tile first_tile + i, or + skip once i >= skip_at (the masked loop jumps over the fully
-    visible middle). MASKED applies the rows' window and the chunk's end; MODS the softcap and
-    ALiBi (left out of the plain loop: their code costs the pipeline even when unused).
-    WHOLE_PAGES: every tile lies in one page (tiles start at multiples of BLOCK_N, which
-    divides page_size), so one page number per tile addresses it, read like a contiguous cache."""
+    visible middle). MASKED applies the rows' window and the chunk's end; MODS compiles the
+    softcap and ALiBi in (WIDE 2; WIDE 1 leaves their code out, which costs the pipeline even
+    unused). Where a tile's keys live is looked up one tile ahead (loop-carried), so the K/V
+    loads do not wait on the block table and Triton pipelines them (NOTES.md D2)."""
+    tile = first_tile + tl.where(0 >= skip_at, skip, 0)
+    page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED)
     for i in range(0, num_tiles):
-        start_n = start + (first_tile + i + tl.where(i >= skip_at, skip, 0)) * BLOCK_N
-        cols = start_n + offs_n
-        rows = tl.minimum(cols, stop - 1) if MASKED else cols  # in bounds, on a mapped page
-        if WHOLE_PAGES:
-            page = tl.load(BlockTable + table_row + start_n // page_size).to(tl.int64)
-            slot = (start_n % page_size + offs_n).to(tl.int64)  # the plain loop: cols == rows
-        else:
-            page, slot = _key_slots(BlockTable, table_row, rows, page_size, PAGED)
+        cols = start + tile * BLOCK_N + offs_n
         k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
+        tile = first_tile + i + 1 + tl.where(i + 1 >= skip_at, skip, 0)
+        page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED)
         if PAD_D:
             k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
         else:
@@ -173,13 +207,11 @@ def _wide_chunk(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     lo, hi, split, num_splits, first_key, first_token, last_token, seqlen_k, page_size, offs_n, offs_d, d_ok,
     token, diagonal, window_left, window_right, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
-    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, MODS: tl.constexpr,
 ):
-    """The wide row tile's pass over its split of [lo, hi), as the forward kernel does it: key
-    tiles visible to every row of the tile run without a mask (and without the softcap/ALiBi
-    code when neither is on), the edges of the window and of the keys with it. Tiles start at
-    multiples of BLOCK_N (the keys below lo in the first one are masked by the rows' bounds)."""
-    lo = (lo // BLOCK_N) * BLOCK_N
+    """The wide row tile's pass over its split of [lo, hi), as the forward kernel does it: the
+    key tiles every row of the tile sees run without a mask, the edges of the window and of the
+    keys with it. Two loops only: each pipelined loop holds shared memory of its own."""
     chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     stop = tl.minimum(start + chunk, hi)
@@ -194,45 +226,22 @@ def _wide_chunk(
     full_first = tl.minimum(tl.cdiv(tl.maximum(full_lo - start, 0), BLOCK_N), num_tiles)
     full_end = tl.maximum(tl.minimum(tl.maximum(full_hi - start, 0) // BLOCK_N, num_tiles), full_first)
     num_full = full_end - full_first
-    whole_pages = PAGED and (page_size % BLOCK_N == 0)
-    mods = (softcap_log2 > 0) | (use_alibi != 0)
-    if whole_pages:
-        if mods:
-            acc, l_i, m_i = _wide_key_tiles(
-                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
-                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
-                BLOCK_N, PAGED, PAD_D, False, True, True)
-        else:
-            acc, l_i, m_i = _wide_key_tiles(
-                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
-                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
-                BLOCK_N, PAGED, PAD_D, False, False, True)
-    else:
-        if mods:
-            acc, l_i, m_i = _wide_key_tiles(
-                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
-                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
-                BLOCK_N, PAGED, PAD_D, False, True, False)
-        else:
-            acc, l_i, m_i = _wide_key_tiles(
-                acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-                stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
-                offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
-                BLOCK_N, PAGED, PAD_D, False, False, False)
+    acc, l_i, m_i = _wide_key_tiles(
+        acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
+        offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
+        BLOCK_N, PAGED, PAD_D, False, MODS)
     # The edges: tiles [0, full_first) and [full_end, num_tiles).
     return _wide_key_tiles(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, start, stop, 0, full_first + num_tiles - full_end, full_first, num_full,
         page_size, offs_n, offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi,
-        alibi_log2, BLOCK_N, PAGED, PAD_D, True, True, False)
+        alibi_log2, BLOCK_N, PAGED, PAD_D, True, MODS)
 
 
 @triton.jit
 def attn_decode_split(
-    Q, KCache, VCache, CacheSeqlens, BlockTable, CacheBatchIdx, CacheLeftpad, RotaryCos, RotarySin,
+    Q, KCache, VCache, CacheSeqlens, BlockTable, CacheBatchIdx, CacheLeftpad,
     PartOut, PartLse, Out, Lse,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -242,7 +251,7 @@ def attn_decode_split(
     window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2, Sinks, use_sinks,
-    use_batch_idx, use_leftpad, stride_ro, seqlen_ro, rotary_dim, rotary_interleaved, rotary_per_token,
+    use_batch_idx, use_leftpad,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAD_D: tl.constexpr, WIDE: tl.constexpr,
 ):
@@ -256,10 +265,12 @@ def attn_decode_split(
     the softcap. With use_sinks != 0, split 0 starts each row from its head's sink
     (initial_softmax_state), so the merge counts the sink once. A contiguous cache's row is
     cache_batch_idx[batch] with use_batch_idx != 0; with use_leftpad != 0 the keys before
-    cache_leftpad[batch] are not attended to (the masks keep their positions). With rotary_dim > 0,
-    q is rotated as it is loaded, at cache_seqlens[batch] (+ its token with rotary_per_token != 0).
-    WIDE (chunked prefill) takes the forward kernel's two-loop pass (_wide_chunk): no mask
-    on the key tiles every row sees. Out [batch, seqlen_q, heads, head_dim] and Lse
+    cache_leftpad[batch] are not attended to (the masks keep their positions). A rotary
+    embedding reaches q through rotate_queries, before this kernel.
+    WIDE 1 and 2 (chunked prefill: the build gives them a tall row tile) take the forward
+    kernel's two-loop pass (_wide_chunk): no mask on the key tiles every row sees; WIDE 2 has
+    the softcap and ALiBi code, WIDE 1 runs neither (softcap_log2 = 0, use_alibi = 0).
+    Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
@@ -281,10 +292,6 @@ def attn_decode_split(
     q_rows = batch * stride_qb + token.to(tl.int64) * stride_qs + head * stride_qh
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     cached = tl.load(CacheSeqlens + batch)
-    if rotary_dim > 0:
-        positions = cached + tl.where(rotary_per_token != 0, token, 0)
-        q = _rotate(q, Q, q_rows, row_ok, offs_d, positions, RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim,
-                    rotary_interleaved).to(Q.dtype.element_ty)
 
     # The sequence's keys after the append, never past the cache; left padding hides the first.
     seqlen_k = tl.minimum(cached + seqlen_new, capacity)
@@ -311,12 +318,12 @@ def attn_decode_split(
 
     m_i, l_i = initial_softmax_state(Sinks, head, (use_sinks != 0) & (split == 0), BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if WIDE:
+    if WIDE != 0:
         acc, l_i, m_i = _wide_chunk(
             acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
             stride_vb, stride_vs, stride_vh, lo, hi, split, num_splits, first_key, first_token, last_token, seqlen_k,
             page_size, offs_n, offs_d, d_ok, token, diagonal, window_left, window_right, row_lo, row_hi, qk_scale,
-            softcap_log2, use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D)
+            softcap_log2, use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D, WIDE == 2)
     else:
         # Rows past `stop` are clamped onto the last key (key 0 for an empty chunk): their
         # loads stay in bounds and on a mapped page, and their scores are masked. The page
@@ -418,17 +425,21 @@ KV_APPEND = KernelSpec(kv_append, [
     i32("page_size"), i32("capacity"), i32("head_dim", multiple_of=8), i32("use_batch_idx"),
     i64("stride_ro"), i32("seqlen_ro"), i32("rotary_dim"), i32("rotary_interleaved"),
 ])
+ROTATE_QUERIES = KernelSpec(rotate_queries, [
+    tensor("Q"), tensor("QRot"), index_tensor("CacheSeqlens"), view("RotaryCos"), view("RotarySin"),
+    *strides("q"), i32("seqlen_q"), i32("num_heads"), i32("head_dim", multiple_of=8), i64("stride_ro"),
+    i32("seqlen_ro"), i32("rotary_dim"), i32("rotary_interleaved"), i32("rotary_per_token"),
+])
 ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
     tensor("Q"), tensor("KCache"), tensor("VCache"), index_tensor("CacheSeqlens"), index_tensor("BlockTable"),
-    index_tensor("CacheBatchIdx"), index_tensor("CacheLeftpad"), view("RotaryCos"), view("RotarySin"),
+    index_tensor("CacheBatchIdx"), index_tensor("CacheLeftpad"),
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),
     *strides("q"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
     i32("seqlen_q"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8), i32("seqlen_new"),
     i32("capacity"), i32("page_size"), i32("num_splits"), i32("window_left"), i32("window_right"),
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
-    i32("use_batch_idx"), i32("use_leftpad"), i64("stride_ro"), i32("seqlen_ro"),
-    i32("rotary_dim"), i32("rotary_interleaved"), i32("rotary_per_token"),
+    i32("use_batch_idx"), i32("use_leftpad"),
 ])
 ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),

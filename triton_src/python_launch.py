@@ -232,11 +232,13 @@ class Rotary:
 
 def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: DecodeTiles,
            variant: Variant = Variant(), k_new=None, v_new=None, rotary: Rotary | None = None,
-           cache_batch_idx=None, cache_leftpad=None, wide: bool = False):
+           cache_batch_idx=None, cache_leftpad=None, wide: int = 0):
     """(out, lse) of one decode step as csrc/decode/decode_cuda.cpp runs it: kv_append when there
     are new tokens (written into the cache in place), attn_decode_split, then attn_decode_merge
-    when there is more than one split. Outputs and partials start as NaN."""
-    from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND
+    when there is more than one split. Outputs and partials start as NaN. `wide`: the split
+    kernel's WIDE flag (0 decoding tile; 1, 2 the chunked-prefill pass without / with the
+    softcap and ALiBi code)."""
+    from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND, ROTATE_QUERIES
 
     batch, seqlen_q, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
@@ -261,6 +263,12 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
         KV_APPEND.launch((seqlen_new, kv_heads, batch), **launch, **cache, **head, **rotary_args, PAGED=paged,
                          KNew=k_new, VNew=v_new, head_dim=head_dim,
                          **tensor_strides("nk", k_new), **tensor_strides("nv", v_new))
+    if rotary is not None:  # q rotated into a contiguous copy, as the op does
+        q_rot = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+        ROTATE_QUERIES.launch((seqlen_q, heads, batch), num_warps=1, num_stages=1, **head, **rotary_args, Q=q,
+                              QRot=q_rot, CacheSeqlens=cache_seqlens, **tensor_strides("q", q), seqlen_q=seqlen_q,
+                              num_heads=heads, head_dim=head_dim, rotary_per_token=int(rotary.per_token))
+        q = q_rot
     row_tiles = triton.cdiv(seqlen_q * (heads // kv_heads), tiles.block_m)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, seqlen_q), float("nan"), device=q.device)
@@ -270,9 +278,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     scores = {name: variant_args[name] for name in ("window_left", "window_right", "Alibi", "stride_alibib",
                                                      "stride_alibih", "use_alibi", "qk_scale", "softcap_log2")}
     ATTN_DECODE_SPLIT.launch(
-        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, **rotary_args, PAGED=paged, WIDE=wide,
+        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, WIDE=wide,
         CacheLeftpad=cache_seqlens if cache_leftpad is None else cache_leftpad,
-        use_leftpad=int(cache_leftpad is not None), rotary_per_token=int(rotary is not None and rotary.per_token),
+        use_leftpad=int(cache_leftpad is not None),
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n, Q=q, PartOut=part_out, PartLse=part_lse, Out=out, Lse=lse, **tensor_strides("q", q),
         seqlen_q=seqlen_q, num_heads=heads, kv_group_size=heads // kv_heads, head_dim=head_dim,

@@ -1,10 +1,11 @@
 // fattn::decode on CUDA: append the new tokens, attend split-K, merge the splits.
 //
-// Up to three launches, all sized from shapes alone (never from cache_seqlens, which stays
+// Up to four launches, all sized from shapes alone (never from cache_seqlens, which stays
 // on the device), so a decode step can be captured in a CUDA graph and replayed with new
-// lengths: kv_append (when k/v are given), attn_decode_split, and attn_decode_merge (when
-// there is more than one split). Query chunks longer than kDecodeQueriesPerNarrowTile tokens
-// (chunked prefill) take attn_decode_split's wide row tile.
+// lengths: kv_append (when k/v are given), rotate_queries (with a rotary embedding),
+// attn_decode_split, and attn_decode_merge (when there is more than one split). Query chunks
+// longer than kDecodeQueriesPerNarrowTile tokens (chunked prefill) take attn_decode_split's
+// wide row tile.
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@ namespace {
 using kernels::attn_decode_merge;
 using kernels::attn_decode_split;
 using kernels::kv_append;
+using kernels::rotate_queries;
 constexpr const char* kOp = "fattn.decode";
 // The automatic split count, from the H100 sweeps of benchmarks/bench_decode.py (NOTES.md):
 // as many splits as keep every program in the first wave, one program per SM. A second,
@@ -97,7 +99,8 @@ void check_values_on_host(const DecodeShape& s, const std::optional<Tensor>& cac
   Tensor holders[4];
   auto host = [](const std::optional<Tensor>& t, Tensor& holder) -> const int32_t* {
     if (!t) return nullptr;
-    holder = torch::stable::contiguous(torch::stable::to(*t, torch::stable::Device(torch::headeronly::DeviceType::CPU)));
+    const torch::stable::Device cpu(torch::headeronly::DeviceType::CPU);
+    holder = torch::stable::contiguous(torch::stable::to(*t, cpu));
     return holder.const_data_ptr<int32_t>();
   };
   check_decode_values(kOp, s, {host(cache_seqlens, holders[0]), host(cache_batch_idx, holders[1]),
@@ -118,10 +121,13 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   if (debug_checks()) check_values_on_host(s, cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
-  const bool wide = s.seqlen_q > kDecodeQueriesPerNarrowTile;
+  // The row tile: narrow for decoding (0); wide for longer query chunks, with the softcap and
+  // ALiBi code only when one of them is on (2), else without (1).
+  const int64_t wide = s.seqlen_q <= kDecodeQueriesPerNarrowTile ? 0 : (softcap > 0 || alibi_slopes) ? 2 : 1;
   const auto split = choose<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .WIDE = wide});
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
   const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
+  const auto rotate = choose<rotate_queries>(kOp, device, dtype, s.head_dim, {});
   const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
   const int64_t row_tiles = (s.seqlen_q * s.group() + block_m - 1) / block_m;
   const int64_t splits = num_splits > 0 ? num_splits
@@ -130,9 +136,11 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const runtime::Grid split_grid{dim(splits), dim(s.kv_heads * row_tiles), dim(s.batch)};
   const runtime::Grid merge_grid{dim(s.seqlen_q), dim(s.heads), dim(s.batch)};
   const runtime::Grid append_grid{dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)};
+  const runtime::Grid rotate_grid{dim(s.seqlen_q), dim(s.heads), dim(s.batch)};
   check_grid(kOp, split_grid, "splits", "kv_heads x query tiles", "batch");
   check_grid(kOp, merge_grid, "query tokens", "heads", "batch");
   check_grid(kOp, append_grid, "new tokens", "kv heads", "batch");
+  check_grid(kOp, rotate_grid, "query tokens", "heads", "batch");
 
   Tensor out = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
   Tensor lse = torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
@@ -159,6 +167,16 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const RotaryArgs rotary{cos.data_ptr(), sin.data_ptr(), rotary_cos ? cos.stride(0) : 0};
   if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, rotary, *k, *v);
   if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
+  if (s.rotary_dim > 0) {  // q rotated into a contiguous copy, which the split kernel then reads
+    Tensor q_rot = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+    kernels::launch_rotate_queries(rotate, rotate_grid, {
+        .Q = q.data_ptr(), .QRot = q_rot.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(), .RotaryCos = rotary.cos,
+        .RotarySin = rotary.sin, .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1),
+        .stride_qh = kernel_stride(q, 2), .seqlen_q = s.seqlen_q, .num_heads = s.heads, .head_dim = s.head_dim,
+        .stride_ro = rotary.stride, .seqlen_ro = s.seqlen_ro, .rotary_dim = s.rotary_dim,
+        .rotary_interleaved = s.rotary_interleaved ? 1 : 0, .rotary_per_token = s.rotary_per_token ? 1 : 0});
+    q = q_rot;
+  }
 
   // fp32 partials, one [batch, seqlen_q, heads, head_dim] slab (and lse slab) per split.
   Tensor part_out, part_lse;
@@ -172,8 +190,8 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   kernels::launch_attn_decode_split(split, split_grid, {
       .Q = q.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(),
-      .BlockTable = c.table, .CacheBatchIdx = c.batch_idx, .CacheLeftpad = leftpad.data_ptr(), .RotaryCos = rotary.cos,
-      .RotarySin = rotary.sin, .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
+      .BlockTable = c.table, .CacheBatchIdx = c.batch_idx, .CacheLeftpad = leftpad.data_ptr(),
+      .PartOut = splits > 1 ? part_out.data_ptr() : nullptr,
       .PartLse = splits > 1 ? part_lse.data_ptr() : nullptr, .Out = out.data_ptr(), .Lse = lse.data_ptr(),
       .stride_qb = kernel_stride(q, 0), .stride_qs = kernel_stride(q, 1), .stride_qh = kernel_stride(q, 2),
       .stride_kb = kernel_stride(c.k, 0), .stride_ks = kernel_stride(c.k, 1), .stride_kh = kernel_stride(c.k, 2),
@@ -184,9 +202,7 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
       .Alibi = alibi_slopes ? alibi_slopes->data_ptr() : lse.data_ptr(), .stride_alibib = alibi_stride_b(alibi_slopes),
       .stride_alibih = alibi_stride_h(alibi_slopes), .use_alibi = alibi_slopes ? 1 : 0,
       .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2, .Sinks = sink_args.sinks,
-      .use_sinks = sink_args.use_sinks, .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0,
-      .stride_ro = rotary.stride, .seqlen_ro = s.seqlen_ro, .rotary_dim = s.rotary_dim,
-      .rotary_interleaved = s.rotary_interleaved ? 1 : 0, .rotary_per_token = s.rotary_per_token ? 1 : 0});
+      .use_sinks = sink_args.use_sinks, .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0});
   if (splits > 1) {
     kernels::launch_attn_decode_merge(merge, merge_grid, {
         .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),

@@ -72,6 +72,26 @@ void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, c
   }
 }
 
+// q [batch, seqlen_q, heads, head_dim] (float64, contiguous) with each query rotated at its
+// position, then rounded to q's own dtype: the rotated queries are operands in that dtype, as
+// the rotated keys are stored in the cache's.
+Tensor rotated_queries(const DecodeShape& s, const RotaryTables& rotary, const Tensor& qd, const DecodeIndices& ix,
+                       ScalarType dtype) {
+  Tensor out = torch::stable::new_empty(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+  const double* src = qd.const_data_ptr<double>();
+  double* dst = out.mutable_data_ptr<double>();
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t cached = ix.seqlens ? ix.seqlens[b] : s.capacity;
+    for (int64_t t = 0; t < s.seqlen_q; ++t) {
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const int64_t row = ((b * s.seqlen_q + t) * s.heads + h) * s.head_dim;
+        rotate(s, rotary, s.query_position(cached, t), src + row, dst + row);
+      }
+    }
+  }
+  return torch::stable::to(torch::stable::to(out, dtype), ScalarType::Double);
+}
+
 // Contiguous int32 host data of an optional index tensor (kept alive by `holder`).
 const int32_t* host_indices(const std::optional<Tensor>& t, Tensor& holder) {
   if (!t) return nullptr;
@@ -101,6 +121,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = torch::stable::contiguous(as_double(q)), kd = as_double(k_cache), vd = as_double(v_cache);
+  if (s.rotary_dim > 0) qd = rotated_queries(s, rotary, qd, ix, q.scalar_type());
   Tensor out_d = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
   Tensor lse_d = torch::stable::new_empty(qd, {s.batch, s.heads, s.seqlen_q});
   const double* Q = qd.const_data_ptr<double>();
@@ -110,7 +131,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   double* L = lse_d.mutable_data_ptr<double>();
   const int64_t D = s.head_dim, H = s.heads, HK = s.kv_heads, slots = k_cache.size(1);
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  std::vector<double> scores, q_rotated(D);
+  std::vector<double> scores;
   std::vector<const double*> v_rows;  // the visible keys' value rows
   const std::vector<ScoreMod> mods = score_mods(softcap, alibi_slopes, s.batch, s.heads);
   const std::vector<double> head_sinks = cpu_sinks(sinks);  // joins each row's denominator, no value
@@ -127,10 +148,6 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
       const ScoreMod& mod = mods[b * H + h];
       for (int64_t t = 0; t < s.seqlen_q; ++t) {
         const double* qt = Q + ((b * s.seqlen_q + t) * H + h) * D;
-        if (s.rotary_dim > 0) {
-          rotate(s, rotary, s.query_position(cached, t), qt, q_rotated.data());
-          qt = q_rotated.data();
-        }
         scores.clear();
         v_rows.clear();
         const double sink = head_sinks.empty() ? neg_inf : head_sinks[h];

@@ -63,7 +63,8 @@ def flash_attn_with_kvcache(
            capacity, rotary_dim <= head_dim): the rotary embedding, applied inside the call to the
            first rotary_dim features of the new keys (new key i at position cache_seqlens[b] + i,
            before the append) and of q (query t at cache_seqlens[b] + t when causal or with a
-           window, at cache_seqlens[b] for every t otherwise). Needs k and v.
+           window, at cache_seqlens[b] for every t otherwise), computed in fp32 and rounded to
+           q's dtype (the keys to the cache's). Needs k and v.
         cache_seqlens: int32 [batch] (or an int for every sequence): keys already in each
            sequence's cache. None means every sequence fills its cache.
         cache_batch_idx: int32 [batch]: sequence b uses row cache_batch_idx[b] of a contiguous

@@ -120,7 +120,7 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     those of the cache); rotary_cos/rotary_sin [seqlen_ro, rotary_dim / 2] rotate the new keys at
     cache_seqlens[b] + i (stored in the cache's dtype, as the append stores them) and q at
     cache_seqlens[b] + t when the mask is causal or local (a window side below the capacity), at
-    cache_seqlens[b] for every t otherwise (rotary_reference).
+    cache_seqlens[b] for every t otherwise (rotary_reference), rounded to q's dtype.
     """
     out_dtype = q.dtype
     batch, seqlen_q, heads, head_dim = q.shape
@@ -158,7 +158,8 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
                                  rotary_interleaved).to(k_cache.dtype)
         steps = torch.arange(seqlen_q, device=q.device) if per_token else torch.zeros(seqlen_q, dtype=torch.long,
                                                                                        device=q.device)
-        q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype)
+        # The rotated queries are operands in q's dtype, as the rotated keys are stored in the cache's.
+        q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype).to(out_dtype)
 
     outs, lses = [], []
     for b in range(batch):

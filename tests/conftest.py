@@ -16,3 +16,13 @@ if str(ROOT) not in sys.path:
 def _fresh_seed(request):
     # Fresh random inputs per test, but reproducible from the test's name.
     torch.manual_seed(hash(request.node.nodeid) % (2**31))
+
+
+def pytest_terminal_summary(terminalreporter):
+    # The fuzz suite's example counts (tests/helpers/fuzz.py), when it ran.
+    from helpers.fuzz import EXAMPLE_COUNTS
+
+    if EXAMPLE_COUNTS:
+        terminalreporter.write_sep("-", "fuzz examples run, per property")
+        for prop, count in sorted(EXAMPLE_COUNTS.items()):
+            terminalreporter.write_line(f"{count:6d}  {prop}")

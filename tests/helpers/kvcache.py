@@ -57,7 +57,7 @@ class KVCache:
         else:
             raise ValueError(layout)
         self.k_cache, self.v_cache = self.views(self.bases)
-        if layout != "contiguous":
+        if layout == "fused" or (layout == "transposed" and min(lead) > 1):  # (one row or token: no transpose)
             assert not self.k_cache.is_contiguous() and not self.v_cache.is_contiguous()
 
     def views(self, bases):

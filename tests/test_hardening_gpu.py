@@ -1,0 +1,136 @@
+"""Every op under the conditions a real program creates (skipped without a GPU): on the
+caller's stream, captured in a CUDA graph and replayed on new inputs, with inputs past 2^31
+elements, first calls from many threads at once, and under compute-sanitizer's memcheck."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fattn
+from helpers import OPS, SAMPLE_INPUTS, check_accuracy, requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+HERE = Path(__file__).resolve().parent
+
+
+def _clone(args):
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _first_sample(name):
+    return next(iter(SAMPLE_INPUTS[name]("cuda", torch.bfloat16))).args
+
+
+def _outputs(result):
+    return [t for t in (result if isinstance(result, (tuple, list)) else [result]) if isinstance(t, torch.Tensor)]
+
+
+def _same(got, want, what):
+    for g, w in zip(_outputs(got), _outputs(want)):
+        assert torch.equal(torch.isnan(g), torch.isnan(w)), f"{what}: NaN pattern differs"
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("name", list(SAMPLE_INPUTS))
+def test_every_op_runs_on_the_current_stream(name):
+    # The first input is rewritten on a busy side stream just before the call: an op that
+    # launched on another stream would read the old values.
+    args = _clone(_first_sample(name))
+    fresh = torch.randn_like(args[0])
+    want = OPS[name](*_clone([fresh, *args[1:]]))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        args[0].copy_(fresh)
+        got = OPS[name](*args)
+    side.synchronize()
+    _same(got, want, f"{name} on a side stream")
+
+
+@pytest.mark.parametrize("name", list(SAMPLE_INPUTS))
+def test_every_op_captures_and_replays(name):
+    static = _clone(_first_sample(name))
+    OPS[name](*_clone(static))  # load the modules before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = OPS[name](*static)
+    for _ in range(2):
+        static[0].copy_(torch.randn_like(static[0]))
+        want = OPS[name](*_clone(static))  # eager, on copies (decode appends to its caches)
+        graph.replay()
+        torch.cuda.synchronize()
+        _same(captured, want, f"{name} graph replay")
+
+
+def test_inputs_past_2_pow_31_elements():
+    # q and out hold 2^31 + 2^11 elements each (4 GiB in bf16): every offset past 2^31 must be
+    # 64-bit. The forward and the gradient of q are spot-checked at both ends.
+    tokens, heads, d = (1 << 22) + 4, 4, 128
+    assert tokens * heads * d > 2**31
+    q = torch.randn(1, tokens, heads, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k = torch.randn(1, 64, heads, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    v = torch.randn(1, 64, heads, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    out, lse = fattn.flash_attn_func(q, k, v, return_lse=True)
+    for rows in (slice(0, 64), slice(tokens - 64, tokens)):
+        check_accuracy(out[:, rows], lse[:, :, rows], q[:, rows].detach(), k.detach(), v.detach(), None, False,
+                       what=f"rows {rows}")
+    dout = torch.zeros_like(out)
+    dout[:, -8:] = torch.randn_like(dout[:, -8:])
+    dq, = torch.autograd.grad(out, q, dout)
+    q_tail = q[:, -8:].detach().double().requires_grad_()
+    ref = torch.nn.functional.scaled_dot_product_attention(q_tail.transpose(1, 2), k.double().transpose(1, 2),
+                                                           v.double().transpose(1, 2)).transpose(1, 2)
+    want, = torch.autograd.grad(ref, q_tail, dout[:, -8:].double())
+    err = (dq[:, -8:].double() - want).abs().max().item()
+    assert err < 2e-2, f"dq past 2^31 elements: error {err}"
+    assert dq[:, :-8].abs().max().item() == 0  # rows without upstream gradient
+
+
+def test_first_calls_from_many_threads():
+    # A fresh process, so that every kernel module loads for the first time under contention.
+    code = """
+import threading, torch, fattn
+torch.manual_seed(0)
+inputs = [tuple(torch.randn(1, 100 + 7 * i, 4, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+          for i in range(16)]
+results, errors = [None] * 16, []
+def work(i):
+    try:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            out = fattn.flash_attn_func(*inputs[i], causal=i % 2 == 0)
+            torch.cuda.current_stream().synchronize()
+            results[i] = out
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert not errors, errors
+for i, out in enumerate(results):
+    want = fattn.flash_attn_func(*inputs[i], causal=i % 2 == 0)
+    assert torch.equal(out, want), i
+print("ok", len(results))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "ok 16" in result.stdout, result.stdout[-2000:] + result.stderr[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer (CUDA toolkit) not on PATH")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer_finds_nothing(tool):
+    result = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", sys.executable,
+                             str(HERE / "sanitizer_calls.py")], capture_output=True, text=True, timeout=1500)
+    summary = [line for line in result.stdout.splitlines() if "ERROR SUMMARY" in line or "calls" in line]
+    assert result.returncode == 0, "\n".join(summary) + result.stdout[-3000:] + result.stderr[-2000:]
+    assert "ERROR SUMMARY: 0 errors" in result.stdout, result.stdout[-3000:]
+    print("\n".join(summary))

@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
-from fattn._library import pick_arch
+from fattn._library import pick_arch, pick_path
 from helpers import FORWARD, check_fake_raises_like_op
 
 
@@ -101,15 +101,23 @@ def test_fake_applies_the_cuda_rules():
             FORWARD(q.float(), k.float(), v.float(), None, False, False)
 
 
-def test_gpu_without_cubin_is_refused_by_the_arch_rule():
+def test_arch_rule_cubins_then_newer_gpus_on_ptx_then_refusal():
     # The rule the CUDA op applies (exported by the library, so this runs without a GPU):
-    # the exact arch, else an older minor of the same major, else nothing.
+    # the exact arch's cubins, else an older minor's of the same major, else (a GPU newer than
+    # every cubin) the newest older arch's PTX, else nothing.
     built = sorted({e["arch"] for e in fattn.build_info()["kernels"] if e["kernel"] == "attn_fwd"})
     assert built, "the library holds no forward kernels"
     for arch in built:
         assert pick_arch("attn_fwd", arch // 10, arch % 10) == arch
     assert pick_arch("attn_fwd", 7, 0) is None       # Volta: older than anything built
     assert pick_arch("attn_fwd", 12, 0) is None      # no same-major cubin
+    assert pick_path("attn_fwd", 7, 0) is None       # and no PTX can run on an older GPU
+    # A GPU newer than every cubin takes the PTX of the newest built arch below it, never
+    # sm_90's (sm_90a features).
+    newest = max(a for a in built if a != 90) if set(built) - {90} else None
+    assert pick_path("attn_fwd", 12, 0) == ((newest, True) if newest else None)
+    if 90 in built:
+        assert pick_path("attn_fwd", 9, 0) == (90, False)
     if 80 in built and 86 not in built:
         assert pick_arch("attn_fwd", 8, 6) == 80     # an sm_80 cubin runs on 8.6
     if 90 in built:

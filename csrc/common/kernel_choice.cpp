@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "runtime/arch.h"
@@ -13,6 +16,25 @@
 namespace fattn {
 
 using runtime::DType;
+
+namespace {
+
+// Once per process and GPU arch: the GPU is newer than every cubin, so the driver JIT-compiles
+// PTX. It works, but each kernel's first call pays the compilation and the tiles were never
+// tuned for this GPU.
+void warn_ptx_fallback_once(int device_arch, int ptx_arch, const std::vector<int>& built) {
+  static std::mutex mutex;
+  static std::set<int> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!warned.insert(device_arch).second) return;
+  std::fprintf(stderr,
+               "fattn: warning: no cubins for sm_%d (this build has %s); running the sm_%d PTX, which the "
+               "CUDA driver compiles for this GPU at each kernel's first call. Rebuild with "
+               "FATTN_CUDA_ARCHS including %d for native code.\n",
+               device_arch, runtime::join_archs(built).c_str(), ptx_arch, device_arch);
+}
+
+}  // namespace
 
 ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int device) {
   const std::vector<int>& built = runtime::built_archs(kernel_id);
@@ -27,12 +49,13 @@ ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int de
     }
     return {forced, true};
   }
-  const int arch = runtime::pick_arch(built, device_arch);
-  if (arch < 0) {
+  const runtime::ArchPath path = runtime::pick_path(built, device_arch);
+  if (path.arch < 0) {
     fail(op, "no ", kernel, " kernel for this GPU (cuda:", device, " is sm_", device_arch, "); this build has ",
          runtime::join_archs(built), ". Rebuild with FATTN_CUDA_ARCHS including ", device_arch);
   }
-  return {arch, false};
+  if (path.ptx) warn_ptx_fallback_once(device_arch, path.arch, built);
+  return {path.arch, path.ptx};
 }
 
 int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, DType dtype, int64_t head_dim) {

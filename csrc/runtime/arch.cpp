@@ -15,6 +15,16 @@ int pick_arch(const std::vector<int>& built, int device_arch) {
   return best;
 }
 
+ArchPath pick_path(const std::vector<int>& built, int device_arch) {
+  const int cubin = pick_arch(built, device_arch);
+  if (cubin >= 0) return {cubin, false};
+  int ptx = -1;
+  for (int arch : built) {
+    if (arch < device_arch && arch != 90) ptx = std::max(ptx, arch);
+  }
+  return {ptx, ptx >= 0};
+}
+
 int forced_ptx_arch() {
   const char* text = std::getenv("FATTN_FORCE_PTX_ARCH");
   if (text == nullptr || *text == '\0') return -1;

@@ -46,9 +46,12 @@ extern "C" __attribute__((visibility("default"))) const char* fattn_build_info_j
   return info.c_str();
 }
 
-// The arch whose cubins serve a device of compute capability `device_arch` for
-// `kernel`, by the same rule the ops use; -1 if none.
-extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch) {
+// The arch whose code serves a device of compute capability `device_arch` for `kernel`, by
+// the rule the ops use (pick_path); -1 if none. *ptx is set to 1 when that is the arch's PTX
+// (a GPU newer than every cubin), else 0.
+extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch, int* ptx) {
   using namespace fattn::runtime;
-  return pick_arch(built_archs(kernel_id_of(kernel)), device_arch);
+  const ArchPath path = pick_path(built_archs(kernel_id_of(kernel)), device_arch);
+  *ptx = path.ptx ? 1 : 0;
+  return path.arch;
 }

@@ -15,11 +15,18 @@ TOOLCHAINS = {
 }
 
 
+def _served(path) -> str:
+    if path is None:
+        return "NOT SUPPORTED"
+    arch, ptx = path
+    return f"sm_{arch} PTX (JIT-compiled by the driver: no cubin for this GPU)" if ptx else f"sm_{arch} cubins"
+
+
 def info() -> int:
     import torch
 
     import fattn
-    from fattn._library import pick_arch
+    from fattn._library import pick_path
 
     data = fattn.build_info()
     kernels = data["kernels"]
@@ -43,8 +50,8 @@ def info() -> int:
         return 0
     for index in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(index)
-        served = {name: pick_arch(name, major, minor) for name in by_kernel}
-        status = ", ".join(f"{n} -> {'sm_%d cubins' % a if a else 'NOT SUPPORTED'}" for n, a in served.items())
+        served = {name: pick_path(name, major, minor) for name in by_kernel}
+        status = ", ".join(f"{n} -> {_served(path)}" for n, path in served.items())
         print(f"cuda:{index} {torch.cuda.get_device_name(index)} (sm_{major}{minor}): {status}")
     return 0
 

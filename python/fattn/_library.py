@@ -45,10 +45,19 @@ def build_info() -> dict:
     return json.loads(fn().decode())
 
 
-def pick_arch(kernel: str, major: int, minor: int) -> int | None:
-    """The compiled arch that would serve a GPU of this compute capability (None if none)."""
+def pick_path(kernel: str, major: int, minor: int) -> tuple[int, bool] | None:
+    """(arch, from_ptx): the compiled arch whose code would serve a GPU of this compute
+    capability, and whether that is its PTX (a GPU newer than every cubin); None if none."""
     fn = _ctypes_handle().fattn_pick_arch
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    arch = fn(kernel.encode(), 10 * major + minor)
-    return None if arch < 0 else arch
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    ptx = ctypes.c_int(0)
+    arch = fn(kernel.encode(), 10 * major + minor, ctypes.byref(ptx))
+    return None if arch < 0 else (arch, bool(ptx.value))
+
+
+def pick_arch(kernel: str, major: int, minor: int) -> int | None:
+    """The compiled arch whose cubins serve a GPU of this compute capability (None if none,
+    including when only a PTX fallback would: pick_path says so)."""
+    path = pick_path(kernel, major, minor)
+    return path[0] if path and not path[1] else None

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fattn
 from helpers import check_stable_abi
@@ -72,3 +73,13 @@ def test_build_info_matches_generated_manifest():
                     "constants", "global_scratch_size"):
             assert got[key] == want[key], (key, got, want)
         assert got["params"] == [name for name, _ in want["params"]]
+
+
+def test_module_load_counts_are_exported_and_zero_without_cuda_calls():
+    # The counters the GPU thread test reads (tests/test_hardening_gpu.py): exported by every
+    # build, and untouched by CPU calls, which load no module.
+    from fattn._library import module_loads
+
+    q = torch.randn(1, 5, 2, 16)
+    fattn.flash_attn_func(q, q, q)
+    assert module_loads() == {"attempts": 0, "functions": 0}

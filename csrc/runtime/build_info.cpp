@@ -5,6 +5,7 @@
 #include "runtime/arch.h"
 #include "runtime/kernel_index.h"
 #include "runtime/kernel_table.h"
+#include "runtime/module_cache.h"
 
 // Which toolchain linked the library (setup.py defines it: zig is the portable one, gcc
 // ties it to its build machine's glibc and libstdc++); a CMake build is the caller's own.
@@ -54,4 +55,12 @@ extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char
   const ArchPath path = pick_path(built_archs(kernel_id_of(kernel)), device_arch);
   *ptx = path.ptx ? 1 : 0;
   return path.arch;
+}
+
+// Module loads started in this process (failed ones included); *functions is set to the
+// number of kernel functions loaded and cached. Equal numbers mean every module loaded once.
+extern "C" __attribute__((visibility("default"))) int64_t fattn_module_loads(int64_t* functions) {
+  const fattn::runtime::ModuleStats stats = fattn::runtime::module_stats();
+  *functions = stats.functions;
+  return stats.load_attempts;
 }

@@ -37,16 +37,38 @@ cuda::CUfunction load_uncached(const KernelEntry& entry, int device, bool from_p
 
 }  // namespace
 
+namespace {
+
+struct Cache {
+  std::mutex mutex;
+  std::map<std::tuple<const KernelEntry*, int, bool>, cuda::CUfunction> loaded;
+  ModuleStats stats;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+}  // namespace
+
 cuda::CUfunction load_function(const KernelEntry& entry, int device, bool from_ptx) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const KernelEntry*, int, bool>, cuda::CUfunction> loaded;
-  std::lock_guard<std::mutex> lock(mutex);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
   auto key = std::make_tuple(&entry, device, from_ptx);
-  auto it = loaded.find(key);
-  if (it != loaded.end()) return it->second;
-  cuda::CUfunction fn = load_uncached(entry, device, from_ptx);
-  loaded.emplace(key, fn);
+  auto it = c.loaded.find(key);
+  if (it != c.loaded.end()) return it->second;
+  ++c.stats.load_attempts;
+  cuda::CUfunction fn = load_uncached(entry, device, from_ptx);  // a failure is not cached: the next call retries
+  c.loaded.emplace(key, fn);
+  c.stats.functions = static_cast<int64_t>(c.loaded.size());
   return fn;
+}
+
+ModuleStats module_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.stats;
 }
 
 }  // namespace fattn::runtime

@@ -61,3 +61,14 @@ def pick_arch(kernel: str, major: int, minor: int) -> int | None:
     including when only a PTX fallback would: pick_path says so)."""
     path = pick_path(kernel, major, minor)
     return path[0] if path and not path[1] else None
+
+
+def module_loads() -> dict:
+    """{"attempts": module loads started in this process (failed ones included), "functions":
+    kernel functions loaded and cached}: equal when every module loaded exactly once."""
+    fn = _ctypes_handle().fattn_module_loads
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    functions = ctypes.c_int64(0)
+    attempts = fn(ctypes.byref(functions))
+    return {"attempts": int(attempts), "functions": int(functions.value)}

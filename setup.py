@@ -14,7 +14,8 @@ glibc 2.28, C++ runtime linked in); a development build (in place or editable) h
 the kernels of this machine's GPUs, or a minimal set without one, and is linked by g++
 (build_support/ says why).
 
-Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (the grid; `all` for everything),
+Knobs: FATTN_CUDA_ARCHS, FATTN_HEAD_DIMS (the grid; `all` for everything), FATTN_PTX_ARCHS
+(whose PTX is embedded: newest | all | none | a list),
 FATTN_AOT_CACHE (kernel cache folder), FATTN_BUILD_JOBS (parallel compiles),
 FATTN_COMPRESS (auto | fatbinary | none), FATTN_TOOLCHAIN (zig | gcc), CXX (gcc's compiler).
 """

@@ -1,7 +1,8 @@
 """python -m aot_build --out build/generated [--jobs N] [--list]
 
 Compiles the variant grid (narrowed by FATTN_CUDA_ARCHS / FATTN_HEAD_DIMS) in
-parallel, with a progress line per variant, and writes the generated table.
+parallel, with a progress line per variant, and writes the generated table (with the
+PTX of the archs FATTN_PTX_ARCHS names).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
     jobs = jobs or int(os.environ.get("FATTN_BUILD_JOBS", 0)) or os.cpu_count() or 1
     limits = config["shared_memory_limit"]
     packing = compress.mode(env)
+    with_ptx = grid.ptx_archs(sorted({v.arch for v in variants}), env)
     log(f"aot_build: {len(variants)} variants, {jobs} jobs, triton {triton.__version__}, "
-        f"images {'compressed fatbinaries' if packing == 'fatbinary' else 'raw (uncompressed)'}, cache {cache_dir}")
+        f"images {'compressed fatbinaries' if packing == 'fatbinary' else 'raw (uncompressed)'}, "
+        f"PTX for {', '.join(f'sm_{a}' for a in with_ptx) or 'no arch'} (FATTN_PTX_ARCHS), cache {cache_dir}")
     started = time.time()
     results, errors = {}, []
     job_args = [(v, limits[str(v.arch)], cache_dir, digest, packing) for v in variants]
@@ -58,7 +61,8 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
             log(f"[{done}/{len(variants)}] {variants[i].label}  shared={art.meta['shared']}  {how}")
     if errors:
         raise BuildError("aot_build failed:\n  " + "\n  ".join(errors))
-    manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, config, packing)
+    manifest = emit.write([results[i] for i in range(len(variants))], out_dir, triton.__version__, config, packing,
+                          with_ptx)
     fresh = sum(1 for a in results.values() if not a.cached)
     seconds = time.time() - started
     log(f"aot_build: wrote {out_dir} ({len(variants)} variants, {fresh} compiled, "

@@ -24,8 +24,10 @@ def _pad(buf: bytearray) -> None:
     buf.extend(b"\0" * (-len(buf) % BLOB_ALIGN))
 
 
-def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config: dict, packing: str = "none") -> dict:
-    """`packing`: "fatbinary" (compressed images) or "none" (raw cubin and PTX)."""
+def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config: dict, packing: str = "none",
+          ptx_archs: list[int] | None = None) -> dict:
+    """`packing`: "fatbinary" (compressed images) or "none" (raw cubin and PTX). `ptx_archs`: the
+    archs whose PTX is embedded (all when None); the others' rows get ptx_size 0."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     launchers_h = _launchers_h(config)  # first: a spec/config mismatch must fail before any write
@@ -33,6 +35,8 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config:
     rows = []
     for art in artifacts:
         cubin_image, ptx_image = art.cubin_image, art.ptx_image
+        if ptx_archs is not None and art.variant.arch not in ptx_archs:
+            ptx_image = b""
         cubin_offset = len(blob)
         blob.extend(cubin_image)
         _pad(blob)
@@ -57,8 +61,9 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config:
         })
     blob_path = out_dir / "kernels.bin"
     _write_if_changed(blob_path, bytes(blob))
+    embedded = sorted({r["arch"] for r in rows if r["ptx_size"]})
     manifest = {"triton_version": triton_version, "blob": blob_path.name, "image_format": packing,
-                "blob_size": len(blob), "kernels": rows}
+                "blob_size": len(blob), "ptx_archs": embedded, "kernels": rows}
     _write_if_changed(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     _write_if_changed(out_dir / "kernel_table.cpp",
                       _table_cpp(rows, blob_path.resolve(), triton_version, config).encode())

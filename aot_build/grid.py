@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CONFIG_PATH = Path(__file__).with_name("configs.json")
-DEFAULT_ARCHS = "75;80;86;89;90"
+TUNED_DIR = Path(__file__).with_name("tuned")  # aot_build/tune.py's output: sm<arch>.json
+# sm_89 (Ada) is left out: it runs sm_86's cubins (same major; the same tiles, as both have 99 KB
+# of shared memory), so its own would only double the sm_86 share of the wheel. `all` adds it.
+DEFAULT_ARCHS = "75;80;86;90"
 
 
 class GridError(ValueError):
@@ -40,9 +43,24 @@ class Variant:
         return f"{self.kernel} sm{self.arch} {self.dtype} {flags} w{self.num_warps} s{self.num_stages}"
 
 
-def load_config(path: Path = CONFIG_PATH) -> dict:
+def load_config(path: Path = CONFIG_PATH, tuned_dir: Path = TUNED_DIR) -> dict:
+    """configs.json with the tiles the offline tuner chose (tuned/sm<arch>.json) filled in. A
+    (kernel, arch, bucket) tile lives in one of the two files: one in both is an error."""
     with open(path) as f:
-        return json.load(f)
+        config = json.load(f)
+    for tuned in sorted(Path(tuned_dir).glob("sm*.json")):
+        data = json.loads(tuned.read_text())
+        arch = str(data["arch"])
+        for kernel, buckets in data["kernels"].items():
+            if kernel not in config["kernels"]:
+                raise GridError(f"{tuned.name} tunes {kernel}, which configs.json does not list")
+            per_arch = config["kernels"][kernel]["configs"].setdefault(arch, {})
+            for bucket, entry in buckets.items():
+                if bucket in per_arch:
+                    raise GridError(f"{kernel} sm{arch} head-dim bucket {bucket} has a tile in both configs.json "
+                                    f"and {tuned.name}; keep one")
+                per_arch[bucket] = dict(entry["chosen"])
+    return config
 
 
 def _parse_int_list(text: str, knob: str) -> list[int]:
@@ -66,6 +84,29 @@ def selected_archs(config: dict, env: dict | None = None) -> list[int]:
     return sorted(set(archs))
 
 
+def ptx_archs(archs: list[int], env: dict | None = None) -> list[int]:
+    """The archs (of the built `archs`) whose variants embed their PTX, from FATTN_PTX_ARCHS:
+    `newest` (default), the newest built arch other than sm_90, the only one whose PTX the
+    runtime runs by itself (a GPU newer than every cubin; sm_90's PTX uses sm_90a features);
+    `all`; `none`; or a list. PTX is about half the compressed images, so the others are left
+    out unless asked for (FATTN_FORCE_PTX_ARCH runs older archs' code on a newer GPU)."""
+    env = os.environ if env is None else env
+    text = env.get("FATTN_PTX_ARCHS", "newest").strip().lower()
+    if text == "newest":
+        older = [a for a in archs if a != 90]
+        return [max(older)] if older else []
+    if text == "all":
+        return sorted(archs)
+    if text == "none":
+        return []
+    chosen = _parse_int_list(text, "FATTN_PTX_ARCHS")
+    bad = [a for a in chosen if a not in archs]
+    if bad or not chosen:
+        raise GridError(f"FATTN_PTX_ARCHS asks for {bad or 'nothing'}; the build's archs are {archs} "
+                        "(or use newest, all, none)")
+    return sorted(set(chosen))
+
+
 def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
     env = os.environ if env is None else env
     buckets = kernel_cfg["head_dim_buckets"]
@@ -81,6 +122,12 @@ def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
     return sorted(chosen)
 
 
+def tile_config(kernel: str, config: dict, arch: int, bucket: int) -> dict:
+    """The tile config (constexprs, num_warps, num_stages) of (kernel, arch, bucket), before
+    flag overrides."""
+    return _tile_config(kernel, config["kernels"][kernel], arch, bucket)
+
+
 def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
     """The config of (arch, bucket); "default" keys stand in at either level, so kernels
     whose tiles do not depend on the arch (or bucket) need one entry, not twenty."""
@@ -92,22 +139,33 @@ def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
     return dict(tile)
 
 
+def _matches(kernel: str, kcfg: dict, what: str, entry: dict, arch: int, bucket: int, flags: dict) -> bool:
+    """Whether a flag_overrides / exclude entry applies: its flags (a value, or a list of the
+    values that match), archs and buckets (each optional) all match the variant's."""
+    unknown = set(entry["flags"]) - set(kcfg["flags"])
+    if unknown:
+        raise GridError(f"configs.json: {kernel} {what} name unknown flags {sorted(unknown)}")
+    return (all(flags[n] in v if isinstance(v, list) else flags[n] == v for n, v in entry["flags"].items())
+            and arch in entry.get("archs", [arch])
+            and bucket in entry.get("buckets", [bucket]))
+
+
 def _flag_overrides(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> dict:
     """Launch options that differ for some flag values: configs.json's "flag_overrides", a list of
     {"flags": {...}, "archs": [...], "buckets": [...], "set": {...}, "why": "..."} entries, applied
-    in order to every variant whose flags (a value, or a list of the values that match), arch and
-    bucket match (e.g. fewer pipeline stages for the SCORE_MOD variants, whose bias and dropout
-    code needs shared memory of its own)."""
+    in order to every variant they match (e.g. fewer pipeline stages for the SCORE_MOD variants,
+    whose bias and dropout code needs shared memory of its own)."""
     out = {}
     for entry in kcfg.get("flag_overrides", []):
-        unknown = set(entry["flags"]) - set(kcfg["flags"])
-        if unknown:
-            raise GridError(f"configs.json: {kernel} flag_overrides name unknown flags {sorted(unknown)}")
-        if (all(flags[n] in v if isinstance(v, list) else flags[n] == v for n, v in entry["flags"].items())
-                and arch in entry.get("archs", [arch])
-                and bucket in entry.get("buckets", [bucket])):
+        if _matches(kernel, kcfg, "flag_overrides", entry, arch, bucket, flags):
             out.update(entry["set"])
     return out
+
+
+def _excluded(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> bool:
+    """Whether configs.json's "exclude" (entries shaped like flag_overrides', without "set") leaves
+    the variant out of the grid; the op that would use it must fall back (csrc says how)."""
+    return any(_matches(kernel, kcfg, "exclude", entry, arch, bucket, flags) for entry in kcfg.get("exclude", []))
 
 
 def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]:
@@ -122,6 +180,8 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
             base = _tile_config(kernel, kcfg, arch, bucket)
             for flag_values in itertools.product(*(kcfg["flags"][n] for n in flag_names)):
                 flags = dict(zip(flag_names, flag_values))
+                if _excluded(kernel, kcfg, arch, bucket, flags):
+                    continue
                 tile = dict(base, **_flag_overrides(kernel, kcfg, arch, bucket, flags))
                 num_warps = tile.pop("num_warps")
                 num_stages = tile.pop("num_stages")

@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3}
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 
-for knob in FATTN_CUDA_ARCHS FATTN_HEAD_DIMS FATTN_TOOLCHAIN CXX; do
+for knob in FATTN_CUDA_ARCHS FATTN_HEAD_DIMS FATTN_PTX_ARCHS FATTN_TOOLCHAIN CXX; do
   if [ -n "${!knob:-}" ]; then
     echo "error: $knob is set; a release holds the full grid, linked by the portable toolchain" >&2
     exit 1

@@ -2,6 +2,7 @@
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -22,14 +23,22 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     config = grid.load_config()
     expected = 0
     for name, kcfg in config["kernels"].items():
-        flags = 1
-        for values in kcfg["flags"].values():
-            flags *= len(values)
-        per_kernel = len(config["archs"]) * len(kcfg["dtypes"]) * len(kcfg["head_dim_buckets"]) * flags
+        per_kernel = 0
+        for arch, bucket, *flags in itertools.product([75, 80, 86, 90], kcfg["head_dim_buckets"],
+                                                      *kcfg["flags"].values()):
+            flags = dict(zip(kcfg["flags"], flags))
+            left_out = any(arch in e.get("archs", [arch]) and bucket in e.get("buckets", [bucket])
+                           and all(flags[f] in (want if isinstance(want, list) else [want])
+                                   for f, want in e["flags"].items())
+                           for e in kcfg.get("exclude", []))
+            per_kernel += 0 if left_out else len(kcfg["dtypes"])
         assert sum(v.kernel == name for v in variants) == per_kernel, name
         expected += per_kernel
     assert len(variants) == expected
-    assert {v.arch for v in variants} == {75, 80, 86, 89, 90}
+    # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x PAD_D x WIDE 1/2.
+    assert sum(v.kernel == "attn_decode_split" for v in variants) == 4 * 2 * 4 * 2 * 2 * 3 - 2 * 4 * 2 * 2 * 2
+    assert len(grid.expand(env={"FATTN_CUDA_ARCHS": "all"})) > len(variants)  # all adds sm_89
+    assert {v.arch for v in variants} == {75, 80, 86, 90}  # sm_89 runs sm_86's cubins
     assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_merge",
                                             "attn_decode_split", "attn_decode_merge", "kv_append", "rotate_queries"}
     assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
@@ -47,6 +56,41 @@ def test_knobs_narrow_the_grid():
 def test_bad_knobs_are_errors(env):
     with pytest.raises(grid.GridError):
         grid.expand(env=env)
+
+
+def test_ptx_archs_knob():
+    every = [75, 80, 86, 89, 90]
+    # By default only the PTX a GPU newer than every cubin can run: the newest arch but sm_90.
+    assert grid.ptx_archs(every, {}) == [89]
+    assert grid.ptx_archs([80, 90], {"FATTN_PTX_ARCHS": "newest"}) == [80]
+    assert grid.ptx_archs([90], {}) == []
+    assert grid.ptx_archs(every, {"FATTN_PTX_ARCHS": "all"}) == every
+    assert grid.ptx_archs(every, {"FATTN_PTX_ARCHS": "none"}) == []
+    assert grid.ptx_archs(every, {"FATTN_PTX_ARCHS": "sm_75,80"}) == [75, 80]
+    for bad in ("86", "eighty", ""):
+        with pytest.raises(grid.GridError, match="FATTN_PTX_ARCHS"):
+            grid.ptx_archs([80, 90], {"FATTN_PTX_ARCHS": bad})
+
+
+def test_tuned_tiles_fill_the_grid_and_may_not_repeat_configs_json(tmp_path):
+    # The tuner's file supplies a (kernel, arch, bucket) tile that configs.json leaves out; one
+    # that both files give is refused, so each tile is written once.
+    tuned = {"arch": 80, "kernels": {"attn_fwd": {"64": {"chosen": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 2,
+                                                                   "num_stages": 1}}}}}
+    (tmp_path / "sm80.json").write_text(json.dumps(tuned))
+    with pytest.raises(grid.GridError, match="both configs.json and sm80.json"):
+        grid.load_config(tuned_dir=tmp_path)
+    base = json.loads(grid.CONFIG_PATH.read_text())
+    del base["kernels"]["attn_fwd"]["configs"]["80"]["64"]
+    (tmp_path / "configs.json").write_text(json.dumps(base))
+    config = grid.load_config(tmp_path / "configs.json", tuned_dir=tmp_path)
+    variants = [v for v in grid.expand(config, {"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "64"})
+                if v.kernel == "attn_fwd"]
+    assert variants and all(v.constant_dict["BLOCK_M"] == 32 and v.num_warps == 2 for v in variants)
+    # The shipped tuned file covers what configs.json leaves out for sm90.
+    shipped = grid.load_config()
+    assert all(str(b) in shipped["kernels"][k]["configs"]["90"] for k in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
+               for b in (32, 64, 128, 256))
 
 
 def test_every_arch_and_bucket_has_a_config():
@@ -80,6 +124,23 @@ def test_flag_overrides_change_only_the_matching_variants():
         grid.expand(config, env)
 
 
+def test_exclude_leaves_out_only_the_matching_variants():
+    config = grid.load_config()
+    env = {"FATTN_CUDA_ARCHS": "75;80", "FATTN_HEAD_DIMS": "64"}
+    kcfg = config["kernels"]["attn_decode_split"]
+    kcfg["exclude"] = []
+    every = grid.expand(config, env)
+    kcfg["exclude"] = [{"flags": {"WIDE": [1, 2]}, "archs": [75]}]
+    kept = grid.expand(config, env)
+    gone = set(every) - set(kept)
+    assert gone and all(v.kernel == "attn_decode_split" and v.arch == 75 and v.constant_dict["WIDE"] in (1, 2)
+                        for v in gone)
+    assert len(gone) == 2 * 2 * 2 * 2  # dtypes x PAGED x PAD_D x WIDE 1/2
+    kcfg["exclude"] = [{"flags": {"NO_SUCH_FLAG": 1}}]
+    with pytest.raises(grid.GridError, match="exclude name unknown flags"):
+        grid.expand(config, env)
+
+
 def test_over_shared_memory_is_a_build_error(tmp_path):
     base = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "256"})
                 if v.kernel == "attn_fwd")
@@ -101,19 +162,21 @@ def _cuobjdump():
 
 
 def _unpacked_images(row, blob, tmp_path):
-    """(cubin bytes, ptx text) of a manifest row, extracting them from fatbinaries if packed."""
+    """(cubin bytes, ptx text) of a manifest row, extracting them from fatbinaries if packed;
+    ptx is None for an arch whose PTX the build leaves out (FATTN_PTX_ARCHS)."""
     cubin_image = blob[row["cubin_offset"]:row["cubin_offset"] + row["cubin_size"]]
-    ptx_image = blob[row["ptx_offset"]:row["ptx_offset"] + row["ptx_size"]]
+    ptx_image = blob[row["ptx_offset"]:row["ptx_offset"] + row["ptx_size"]] if row["ptx_size"] else None
     assert hashlib.sha256(cubin_image).hexdigest() == row["cubin_sha256"]
     if row["image_format"] == "none":
-        assert ptx_image.endswith(b"\0")
-        return cubin_image, ptx_image[:-1]
-    assert cubin_image[:4] == ptx_image[:4] == bytes.fromhex("50ed55ba"), "not a fatbinary"
+        assert ptx_image is None or ptx_image.endswith(b"\0")
+        return cubin_image, None if ptx_image is None else ptx_image[:-1]
+    images = [("elf", cubin_image)] + ([("ptx", ptx_image)] if ptx_image is not None else [])
+    assert all(image[:4] == bytes.fromhex("50ed55ba") for _, image in images), "not a fatbinary"
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump to open fatbinaries")
     out = []
-    for kind, image in (("elf", cubin_image), ("ptx", ptx_image)):
+    for kind, image in images:
         work = tmp_path / f"{row['cubin_offset']}_{kind}"
         work.mkdir()
         (work / "image.fatbin").write_bytes(image)
@@ -123,7 +186,7 @@ def _unpacked_images(row, blob, tmp_path):
         out.append(extracted[0].read_bytes())
     assert hashlib.sha256(out[0]).hexdigest() == row["raw_cubin_sha256"], "packed cubin differs from the compiled one"
     assert len(out[0]) == row["raw_cubin_size"]
-    return out[0], out[1]
+    return out[0], out[1] if len(out) > 1 else None
 
 
 def _check_outputs(out_dir, manifest, tmp_path):
@@ -136,16 +199,19 @@ def _check_outputs(out_dir, manifest, tmp_path):
         assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == ELF_MACHINE_CUDA
         assert struct.unpack_from("<I", cubin, 48)[0] & 0xFF == row["arch"], "cubin built for another arch"
         assert row["function"].encode() + b"\0" in cubin, "kernel symbol missing from its cubin"
-        assert f".entry {row['function']}(".encode() in ptx
-        assert f".target sm_{row['arch']}".encode() in ptx
-        # Every runtime parameter plus Triton's two scratch pointers appears in the PTX entry.
-        entry = ptx[ptx.index(b".entry"):ptx.index(b")", ptx.index(b".entry"))]
-        assert entry.count(b".param") == len(row["params"]) + 2
         # The C++ table carries the same offsets and launch metadata as the manifest.
         entry_tail = (f"{row['shared']}, {row['global_scratch_size']}, {row['global_scratch_align']}, "
                       f"{row['profile_scratch_size']}, {row['cubin_offset']}u, {row['cubin_size']}u, "
                       f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\"}},")
         assert entry_tail in table
+        assert (ptx is not None) == (row["arch"] in manifest["ptx_archs"])
+        if ptx is None:
+            continue
+        assert f".entry {row['function']}(".encode() in ptx
+        assert f".target sm_{row['arch']}".encode() in ptx
+        # Every runtime parameter plus Triton's two scratch pointers appears in the PTX entry.
+        entry = ptx[ptx.index(b".entry"):ptx.index(b")", ptx.index(b".entry"))]
+        assert entry.count(b".param") == len(row["params"]) + 2
 
 
 @pytest.mark.parametrize("packing", ["none", "fatbinary"])
@@ -174,3 +240,12 @@ def test_build_writes_consistent_table_and_hits_cache(tmp_path, packing, monkeyp
     if packing == "fatbinary":
         raw = sum(r["raw_cubin_size"] + r["raw_ptx_size"] for r in first["kernels"])
         assert first["blob_size"] < raw / 2, "compression saved less than half"
+    assert first["ptx_archs"] == [80]  # the newest arch but sm_90 keeps its PTX by default
+    # Without PTX: the same variants from the cache, no PTX image in the blob.
+    monkeypatch.setenv("FATTN_PTX_ARCHS", "none")
+    bare = build(tmp_path / "bare", jobs=2, cache_dir=cache, log=logs.append)
+    assert any(f"{len(first['kernels'])} from cache" in line for line in logs[-1:]), logs
+    assert bare["ptx_archs"] == [] and all(r["ptx_size"] == 0 for r in bare["kernels"])
+    assert bare["blob_size"] < first["blob_size"] - sum(r["ptx_size"] for r in first["kernels"]) / 2
+    (tmp_path / "bare_images").mkdir()
+    _check_outputs(tmp_path / "bare", bare, tmp_path / "bare_images")

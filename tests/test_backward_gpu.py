@@ -5,7 +5,7 @@ import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_gradients, grads_of, make_qkv, requires_gpu
+from helpers import check_gradients, grads_of, make_qkv, requires_gpu, skip_without_ptx
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -65,9 +65,7 @@ PTX_CASES = [(2, 113, 1000, 4, 2, 64), (1, 1000, 113, 8, 1, 96), (1, 257, 257, 2
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", PTX_CASES, ids=lambda c: "b{}-sq{}-sk{}-h{}-hk{}-d{}".format(*c))
 def test_backward_older_arch_code_paths_via_ptx(case, dtype, causal, arch, monkeypatch):
-    built = {k["arch"] for k in fattn.build_info()["kernels"] if k["kernel"] == "attn_bwd_dq"}
-    if int(arch) not in built:
-        pytest.skip(f"this build has no sm_{arch} backward kernels")
+    skip_without_ptx(arch, "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
     monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", arch)
     check_backward(case, dtype, causal, what=f"sm_{arch} PTX {case}")
 

@@ -112,9 +112,10 @@ def test_arch_rule_cubins_then_newer_gpus_on_ptx_then_refusal():
     assert pick_arch("attn_fwd", 7, 0) is None       # Volta: older than anything built
     assert pick_arch("attn_fwd", 12, 0) is None      # no same-major cubin
     assert pick_path("attn_fwd", 7, 0) is None       # and no PTX can run on an older GPU
-    # A GPU newer than every cubin takes the PTX of the newest built arch below it, never
-    # sm_90's (sm_90a features).
-    newest = max(a for a in built if a != 90) if set(built) - {90} else None
+    # A GPU newer than every cubin takes the PTX of the newest arch below it whose PTX the build
+    # embeds (FATTN_PTX_ARCHS), never sm_90's (sm_90a features).
+    with_ptx = {e["arch"] for e in fattn.build_info()["kernels"] if e["kernel"] == "attn_fwd" and e["ptx_size"]}
+    newest = max(with_ptx - {90}) if with_ptx - {90} else None
     assert pick_path("attn_fwd", 12, 0) == ((newest, True) if newest else None)
     if 90 in built:
         assert pick_path("attn_fwd", 9, 0) == (90, False)

@@ -13,7 +13,7 @@ import torch
 import fattn
 from helpers import (
     CACHE_OPTION_CASES, KVCache, cache_option_case_id, check_outputs, new_tokens, references, requires_gpu,
-    rotated_keys, run_cache_option_case, run_decode, seqlens_tensor,
+    rotated_keys, run_cache_option_case, run_decode, seqlens_tensor, skip_without_ptx,
 )
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -109,12 +109,12 @@ def test_cuda_graph_replay_with_new_lengths(seqlen_q, page_size):
     _replay_case(seqlen_q, page_size)
 
 
+@pytest.mark.parametrize("arch", [80, 75])
 @pytest.mark.parametrize("seqlen_q", [2, 40])
-def test_sm80_code_path_via_ptx(seqlen_q, monkeypatch):
-    kernels = fattn.build_info()["kernels"]
-    if not any(k["kernel"] == "attn_decode_split" and k["arch"] == 80 for k in kernels):
-        pytest.skip("this build has no sm_80 decode kernels")
-    monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", "80")
+def test_older_arch_code_path_via_ptx(seqlen_q, arch, monkeypatch):
+    # sm_75 has no wide tile (configs.json "exclude"): its 40-token chunk takes the decoding tile.
+    skip_without_ptx(arch, "attn_decode_split", "attn_decode_merge", "kv_append", "rotate_queries")
+    monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", str(arch))
     run_cache_option_case(("ptx-" + str(seqlen_q), [3, 40, 300], seqlen_q, 8, 2, 96, 16, seqlen_q, True, (-1, -1),
                            dict(rotary=("gptj", 32), leftpad=[0, 20, 100])), torch.bfloat16, DEV)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fattn
-from helpers import KVCache, check_outputs, new_tokens, poison_allocator, references, requires_gpu, seqlens_tensor
+from helpers import KVCache, check_outputs, new_tokens, poison_allocator, references, requires_gpu, seqlens_tensor, skip_without_ptx
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -359,8 +359,7 @@ def _skip_without_sm80_decode_kernels():
     kernels = fattn.build_info()["kernels"]
     built = {name: {k["arch"] for k in kernels if k["kernel"] == name} for name in DECODE_KERNELS}
     assert all(built.values()), f"decode kernels missing from the build: {built}"
-    if not all(80 in archs for archs in built.values()):
-        pytest.skip("this build has no sm_80 decode kernels")
+    skip_without_ptx(80, *DECODE_KERNELS)
 
 
 def test_sm80_code_path_in_a_fresh_process():

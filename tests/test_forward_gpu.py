@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fattn
-from helpers import check_accuracy, make_qkv, poison_allocator, requires_gpu
+from helpers import check_accuracy, make_qkv, poison_allocator, requires_gpu, skip_without_ptx
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -79,9 +79,7 @@ PTX_CASES = [(2, 113, 1000, 4, 2, 64), (1, 1000, 113, 8, 1, 96), (1, 257, 257, 2
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", PTX_CASES, ids=lambda c: "b{}-sq{}-sk{}-h{}-hk{}-d{}".format(*c))
 def test_forward_older_arch_code_paths_via_ptx(case, dtype, causal, arch, monkeypatch):
-    built = {k["arch"] for k in fattn.build_info()["kernels"] if k["kernel"] == "attn_fwd"}
-    if int(arch) not in built:
-        pytest.skip(f"this build has no sm_{arch} kernels")
+    skip_without_ptx(arch, "attn_fwd")
     monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", arch)
     _run(case, dtype, causal)
 
@@ -132,7 +130,7 @@ def test_cuda_graph_capture_and_replay():
 def test_no_cubin_for_arch_error_names_built_archs(monkeypatch):
     monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", "70")
     q, k, v = make_qkv(1, 8, 8, 1, 1, 64, torch.float16, "cuda")
-    with pytest.raises(RuntimeError, match=r"FATTN_FORCE_PTX_ARCH=70 but this build has PTX for sm_"):
+    with pytest.raises(RuntimeError, match=r"FATTN_FORCE_PTX_ARCH=70 but this build has attn_fwd PTX for sm_"):
         fattn.flash_attn_func(q, k, v)
 
 

@@ -177,7 +177,8 @@ def test_a_failing_driver_call_names_the_kernel_and_the_process_stays_usable():
     # recovered from in any library; FATTN_DEBUG_CHECKS=1 turns bad cache values into Python errors.
     if 80 not in {k["arch"] for k in fattn.build_info()["kernels"] if k["kernel"] == "attn_fwd"}:
         pytest.skip("this build has no sm_80 PTX")
-    env = dict(os.environ, CUDA_DISABLE_PTX_JIT="1")
+    # CUDA_CACHE_DISABLE: the driver would otherwise load a JIT result cached by an earlier run.
+    env = dict(os.environ, CUDA_DISABLE_PTX_JIT="1", CUDA_CACHE_DISABLE="1")
     result = subprocess.run([sys.executable, "-c", _DRIVER_FAILURE], capture_output=True, text=True, timeout=600,
                             env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

@@ -1,5 +1,5 @@
-"""The offline tools run on a CPU in their --quick modes: the tile searches (Triton's interpreter)
-and the variants benchmark. They launch the kernels by argument name, so a kernel signature
+"""The offline tools run on a CPU in their --quick modes: the tuner and the decode tile search
+(Triton's interpreter) and the benchmarks. They launch the kernels by argument name, so a kernel signature
 change that they do not follow fails here rather than in the next search on a GPU."""
 
 import json
@@ -12,8 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("script", ["tune_forward", "tune_backward", "tune_decode", "bench_variants",
-                                    "bench_chunked_prefill"])
+@pytest.mark.parametrize("script", ["tune_decode", "bench_variants", "bench_chunked_prefill"])
 def test_quick_run_times_every_case(script, tmp_path):
     out = tmp_path / "result.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--device", "cpu", "--quick",
@@ -28,3 +27,19 @@ def test_quick_run_times_every_case(script, tmp_path):
         assert len(fattn_rows) == 4 and all(r["ms"] for r in fattn_rows), fattn_rows
     else:  # a search may meet configs that cannot run, but times at least one per case
         assert any(r["ms"] for r in rows)
+
+
+def test_tuner_smoke_run_chooses_a_checked_config_per_kernel(tmp_path):
+    # aot_build/tune.py under the interpreter: every kernel gets a chosen config that passed the
+    # accuracy check and has timings (test_aot_build.py checks how the grid reads such a file).
+    out = tmp_path / "sm0.json"
+    result = subprocess.run([sys.executable, "-m", "aot_build.tune", "--device", "cpu", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert set(data["kernels"]) == {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"}
+    for kernel, buckets in data["kernels"].items():
+        entry = buckets["16"]
+        chosen = [c for c in entry["candidates"] if c["config"] == entry["chosen"]]
+        assert chosen and "rejected" not in chosen[0] and all(c["ms"] > 0 for c in chosen[0]["cases"]), kernel
+        assert set(entry["chosen"]) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}

@@ -40,16 +40,18 @@ ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int de
   const std::vector<int>& built = runtime::built_archs(kernel_id);
   const int device_arch = cuda::compute_capability(device);
   const int forced = runtime::forced_ptx_arch();
+  const std::vector<int>& with_ptx = runtime::ptx_archs(kernel_id);
   if (forced >= 0) {
-    if (std::find(built.begin(), built.end(), forced) == built.end()) {
-      fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " but this build has PTX for ", runtime::join_archs(built));
+    if (std::find(with_ptx.begin(), with_ptx.end(), forced) == with_ptx.end()) {
+      fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " but this build has ", kernel, " PTX for ",
+           runtime::join_archs(with_ptx), " (FATTN_PTX_ARCHS at build time chooses which archs keep their PTX)");
     }
     if (forced > device_arch) {
       fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " is newer than the GPU (sm_", device_arch, ")");
     }
     return {forced, true};
   }
-  const runtime::ArchPath path = runtime::pick_path(built, device_arch);
+  const runtime::ArchPath path = runtime::pick_path(built, with_ptx, device_arch);
   if (path.arch < 0) {
     fail(op, "no ", kernel, " kernel for this GPU (cuda:", device, " is sm_", device_arch, "); this build has ",
          runtime::join_archs(built), ". Rebuild with FATTN_CUDA_ARCHS including ", device_arch);

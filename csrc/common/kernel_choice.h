@@ -42,6 +42,21 @@ runtime::Variant<K> choose(const char* op, int device, ScalarType scalar_type, i
   return {{entry, device, a.from_ptx}};
 }
 
+// choose<K>(flags) if the build has that variant, else choose<K>(fallback): for flags that only
+// pick a faster code path, which configs.json's "exclude" may leave out on some archs.
+template <typename K>
+runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
+                              const typename K::Flags& flags, const typename K::Flags& fallback) {
+  const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
+  const runtime::DType dtype = kernel_dtype(scalar_type);
+  const int bucket = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
+  const bool pad = bucket != head_dim;
+  if (runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad)) != nullptr) {
+    return choose<K>(op, device, scalar_type, head_dim, flags);
+  }
+  return choose<K>(op, device, scalar_type, head_dim, fallback);
+}
+
 // CUDA's launch grid: x up to 2^31 - 1, y and z up to 65535. Ops check every grid they will
 // launch before the first launch (or write), naming what each dimension counts.
 void check_grid(const char* op, runtime::Grid grid, const char* x_counts, const char* y_counts,

@@ -122,9 +122,11 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   // The row tile: narrow for decoding (0); wide for longer query chunks, with the softcap and
-  // ALiBi code only when one of them is on (2), else without (1).
+  // ALiBi code only when one of them is on (2), else without (1). The narrow tile serves any
+  // length, and does where the build has no wide tile (sm_75: configs.json "exclude").
   const int64_t wide = s.seqlen_q <= kDecodeQueriesPerNarrowTile ? 0 : (softcap > 0 || alibi_slopes) ? 2 : 1;
-  const auto split = choose<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .WIDE = wide});
+  const auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .WIDE = wide},
+                                                  {.PAGED = s.paged, .WIDE = 0});
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
   const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
   const auto rotate = choose<rotate_queries>(kOp, device, dtype, s.head_dim, {});

@@ -15,11 +15,11 @@ int pick_arch(const std::vector<int>& built, int device_arch) {
   return best;
 }
 
-ArchPath pick_path(const std::vector<int>& built, int device_arch) {
+ArchPath pick_path(const std::vector<int>& built, const std::vector<int>& with_ptx, int device_arch) {
   const int cubin = pick_arch(built, device_arch);
   if (cubin >= 0) return {cubin, false};
   int ptx = -1;
-  for (int arch : built) {
+  for (int arch : with_ptx) {
     if (arch < device_arch && arch != 90) ptx = std::max(ptx, arch);
   }
   return {ptx, ptx >= 0};

@@ -14,13 +14,14 @@ namespace fattn::runtime {
 int pick_arch(const std::vector<int>& built, int device_arch);
 
 // What serves a device: the cubins of pick_arch, or, when none does and the GPU is newer than
-// a built arch, the PTX of the newest such arch, which the driver JIT-compiles for the GPU
-// (sm_90's PTX uses sm_90a features and is never used elsewhere). {-1, false} when nothing can.
+// an arch of `with_ptx` (the archs whose PTX the build embeds), the PTX of the newest such arch,
+// which the driver JIT-compiles for the GPU (sm_90's PTX uses sm_90a features and is never used
+// elsewhere). {-1, false} when nothing can.
 struct ArchPath {
   int arch;
   bool ptx;
 };
-ArchPath pick_path(const std::vector<int>& built, int device_arch);
+ArchPath pick_path(const std::vector<int>& built, const std::vector<int>& with_ptx, int device_arch);
 
 // Arch override for testing older code paths on a newer GPU: FATTN_FORCE_PTX_ARCH=80
 // makes launches use the PTX of the sm_80 variants, JIT-compiled by the driver. Read at

@@ -52,7 +52,8 @@ extern "C" __attribute__((visibility("default"))) const char* fattn_build_info_j
 // (a GPU newer than every cubin), else 0.
 extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch, int* ptx) {
   using namespace fattn::runtime;
-  const ArchPath path = pick_path(built_archs(kernel_id_of(kernel)), device_arch);
+  const int id = kernel_id_of(kernel);
+  const ArchPath path = pick_path(built_archs(id), ptx_archs(id), device_arch);
   *ptx = path.ptx ? 1 : 0;
   return path.arch;
 }

@@ -29,6 +29,7 @@ VariantKey variant_key(int kernel_id, int arch, DType dtype, int block_d, uint64
 
 struct Index {
   std::vector<std::vector<int>> archs;                           // by kernel id
+  std::vector<std::vector<int>> ptx_archs;                       // by kernel id: archs with PTX images
   std::unordered_map<uint64_t, std::vector<int>> buckets;        // by group key
   std::unordered_map<VariantKey, const KernelEntry*, VariantKeyHash> variants;
 };
@@ -41,12 +42,18 @@ const Index& index() {
       if (e.kernel_id >= static_cast<int>(ix.archs.size())) ix.archs.resize(e.kernel_id + 1);
       auto& archs = ix.archs[e.kernel_id];
       if (std::find(archs.begin(), archs.end(), e.arch) == archs.end()) archs.push_back(e.arch);
+      if (e.kernel_id >= static_cast<int>(ix.ptx_archs.size())) ix.ptx_archs.resize(e.kernel_id + 1);
+      auto& with_ptx = ix.ptx_archs[e.kernel_id];
+      if (e.ptx_size > 0 && std::find(with_ptx.begin(), with_ptx.end(), e.arch) == with_ptx.end()) {
+        with_ptx.push_back(e.arch);
+      }
       auto& buckets = ix.buckets[group_key(e.kernel_id, e.arch, e.dtype)];
       if (std::find(buckets.begin(), buckets.end(), e.block_d) == buckets.end()) buckets.push_back(e.block_d);
       // The first entry wins, as a scan of the table would find it.
       ix.variants.emplace(variant_key(e.kernel_id, e.arch, e.dtype, e.block_d, e.flags_key), &e);
     }
     for (auto& archs : ix.archs) std::sort(archs.begin(), archs.end());
+    for (auto& archs : ix.ptx_archs) std::sort(archs.begin(), archs.end());
     for (auto& [key, buckets] : ix.buckets) std::sort(buckets.begin(), buckets.end());
     return ix;
   }();
@@ -60,6 +67,11 @@ const std::vector<int> kNone;
 const std::vector<int>& built_archs(int kernel_id) {
   const Index& ix = index();
   return kernel_id >= 0 && kernel_id < static_cast<int>(ix.archs.size()) ? ix.archs[kernel_id] : kNone;
+}
+
+const std::vector<int>& ptx_archs(int kernel_id) {
+  const Index& ix = index();
+  return kernel_id >= 0 && kernel_id < static_cast<int>(ix.ptx_archs.size()) ? ix.ptx_archs[kernel_id] : kNone;
 }
 
 const std::vector<int>& built_buckets(int kernel_id, int arch, DType dtype) {

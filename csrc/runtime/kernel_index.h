@@ -14,6 +14,10 @@ namespace fattn::runtime {
 // The archs the table holds for a kernel, ascending (empty for an unknown id).
 const std::vector<int>& built_archs(int kernel_id);
 
+// The archs whose variants of a kernel embed their PTX, ascending (FATTN_PTX_ARCHS at build
+// time; by default the newest arch other than sm_90).
+const std::vector<int>& ptx_archs(int kernel_id);
+
 // The head-dim buckets (BLOCK_D) built for (kernel, arch, dtype), ascending.
 const std::vector<int>& built_buckets(int kernel_id, int arch, DType dtype);
 

@@ -43,8 +43,10 @@ def info() -> int:
         dtypes = sorted({r["dtype"] for r in rows})
         buckets = sorted({r["constants"].get("BLOCK_D") for r in rows})
         size = sum(r["cubin_size"] for r in rows) / 2**20
+        with_ptx = sorted({r["arch"] for r in rows if r["ptx_size"]})
         print(f"  {name}: {len(rows)} variants; archs {', '.join(f'sm_{a}' for a in archs)}; "
-              f"dtypes {', '.join(dtypes)}; head-dim buckets {buckets}; cubins {size:.1f} MiB")
+              f"dtypes {', '.join(dtypes)}; head-dim buckets {buckets}; cubins {size:.1f} MiB; "
+              f"PTX for {', '.join(f'sm_{a}' for a in with_ptx) or 'no arch'}")
     if not torch.cuda.is_available():
         print("this machine: no CUDA GPU visible to torch (CPU implementations only)")
         return 0

@@ -19,7 +19,7 @@ from .kvcache import (
     CACHE_LAYOUTS, CACHE_OPTION_CASES, KVCache, cache_option_case_id, check_outputs, new_tokens, references,
     rotated_keys, run_cache_option_case, run_decode, seqlens_tensor,
 )
-from .library import check_stable_abi
+from .library import check_stable_abi, skip_without_ptx
 from .paged_varlen import check_paged_varlen, paged_varlen_inputs
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
@@ -31,7 +31,7 @@ __all__ = [
     "check_paged_varlen", "paged_varlen_inputs",
     "BACKWARD", "CACHE_LAYOUTS", "CACHE_OPTION_CASES", "DECODE", "FORWARD", "HAS_GPU", "KVCache", "MERGE", "OPS",
     "SAMPLE_INPUTS", "Sample", "backward_samples", "call_with_fakes", "check_accuracy", "check_fake_raises_like_op",
-    "check_gradients", "check_outputs", "check_stable_abi", "decode_samples", "device_dtype_params",
+    "check_gradients", "check_outputs", "check_stable_abi", "skip_without_ptx", "decode_samples", "device_dtype_params",
     "expected_lse_dtype", "forward_samples", "grads_of", "make_qkv", "merge_samples", "new_tokens",
     "poison_allocator", "recompiles_forbidden", "run_interpreted", "reference_variant", "references", "requires_gpu",
     "run_decode", "cache_option_case_id", "rotated_keys", "run_cache_option_case",

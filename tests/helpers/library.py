@@ -46,3 +46,16 @@ def check_stable_abi(library) -> None:
     assert not any(n.startswith(FORBIDDEN_LIBRARIES) for n in needed), needed
     foreign = symbols_torch_2_11_lacks(library)
     assert not foreign, f"symbols torch 2.11 does not export: {foreign}"
+
+
+def skip_without_ptx(arch, *kernels) -> None:
+    """Skips the calling test unless the loaded library embeds the sm_`arch` PTX of every one of
+    `kernels` (FATTN_PTX_ARCHS at build time: by default only the newest arch other than sm_90)."""
+    import fattn
+    import pytest
+
+    rows = fattn.build_info()["kernels"]
+    missing = [k for k in kernels if not any(r["kernel"] == k and r["arch"] == int(arch) and r["ptx_size"]
+                                             for r in rows)]
+    if missing:
+        pytest.skip(f"this build has no sm_{arch} PTX for {', '.join(missing)} (FATTN_PTX_ARCHS)")

@@ -30,20 +30,8 @@ int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, r
 runtime::DType kernel_dtype(ScalarType dtype);
 [[noreturn]] void fail_no_variant(const char* op, const char* kernel, int arch, runtime::DType dtype, int bucket);
 
-template <typename K>
-runtime::Variant<K> choose(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
-                           const typename K::Flags& flags) {
-  const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
-  const runtime::DType dtype = kernel_dtype(scalar_type);
-  const int bucket = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
-  const runtime::KernelEntry* entry =
-      runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, bucket != head_dim));
-  if (entry == nullptr) fail_no_variant(op, K::kName, a.arch, dtype, bucket);
-  return {{entry, device, a.from_ptx}};
-}
-
-// choose<K>(flags) if the build has that variant, else choose<K>(fallback): for flags that only
-// pick a faster code path, which configs.json's "exclude" may leave out on some archs.
+// The variant of kernel K with `flags` if the build has it, else with `fallback`: for flags that
+// only pick a faster code path, which configs.json's "exclude" may leave out on some archs.
 template <typename K>
 runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
                               const typename K::Flags& flags, const typename K::Flags& fallback) {
@@ -51,10 +39,16 @@ runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type
   const runtime::DType dtype = kernel_dtype(scalar_type);
   const int bucket = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
   const bool pad = bucket != head_dim;
-  if (runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad)) != nullptr) {
-    return choose<K>(op, device, scalar_type, head_dim, flags);
-  }
-  return choose<K>(op, device, scalar_type, head_dim, fallback);
+  const runtime::KernelEntry* entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad));
+  if (entry == nullptr) entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(fallback, pad));
+  if (entry == nullptr) fail_no_variant(op, K::kName, a.arch, dtype, bucket);
+  return {{entry, device, a.from_ptx}};
+}
+
+template <typename K>
+runtime::Variant<K> choose(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
+                           const typename K::Flags& flags) {
+  return choose_or<K>(op, device, scalar_type, head_dim, flags, flags);
 }
 
 // CUDA's launch grid: x up to 2^31 - 1, y and z up to 65535. Ops check every grid they will

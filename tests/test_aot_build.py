@@ -35,8 +35,13 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
         assert sum(v.kernel == name for v in variants) == per_kernel, name
         expected += per_kernel
     assert len(variants) == expected
-    # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x PAD_D x WIDE 1/2.
-    assert sum(v.kernel == "attn_decode_split" for v in variants) == 4 * 2 * 4 * 2 * 2 * 3 - 2 * 4 * 2 * 2 * 2
+    # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x WIDE 1/2.
+    assert sum(v.kernel == "attn_decode_split" for v in variants) == 4 * 2 * 4 * 2 * 3 - 2 * 4 * 2 * 2
+    # The large families build only the padded head-dim code (it serves exact dims too, the
+    # chooser falls back to it: common/kernel_choice.h); the small ones both.
+    large = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq", "attn_decode_split"}
+    assert {v.constant_dict["PAD_D"] for v in variants if v.kernel in large} == {True}
+    assert {v.constant_dict["PAD_D"] for v in variants if v.kernel not in large} == {False, True}
     assert len(grid.expand(env={"FATTN_CUDA_ARCHS": "all"})) > len(variants)  # all adds sm_89
     assert {v.arch for v in variants} == {75, 80, 86, 90}  # sm_89 runs sm_86's cubins
     assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_merge",
@@ -118,7 +123,7 @@ def test_flag_overrides_change_only_the_matching_variants():
     assert changed and all(v.kernel == "attn_fwd" and v.arch == 80 and v.constant_dict["BLOCK_D"] == 64
                            and v.constant_dict["SCORE_MOD"] == 2 and v.num_stages == 1
                            and v.constant_dict["BLOCK_N"] == 32 for v in changed)
-    assert len(changed) == 4  # fp16/bf16 x PAD_D
+    assert len(changed) == 2  # fp16/bf16 (attn_fwd builds its padded code only)
     kcfg["flag_overrides"] = [{"flags": {"NO_SUCH_FLAG": True}, "set": {"num_stages": 1}}]
     with pytest.raises(grid.GridError, match="unknown flags"):
         grid.expand(config, env)
@@ -135,7 +140,7 @@ def test_exclude_leaves_out_only_the_matching_variants():
     gone = set(every) - set(kept)
     assert gone and all(v.kernel == "attn_decode_split" and v.arch == 75 and v.constant_dict["WIDE"] in (1, 2)
                         for v in gone)
-    assert len(gone) == 2 * 2 * 2 * 2  # dtypes x PAGED x PAD_D x WIDE 1/2
+    assert len(gone) == 2 * 2 * 2  # dtypes x PAGED x WIDE 1/2 (the padded code only)
     kcfg["exclude"] = [{"flags": {"NO_SUCH_FLAG": 1}}]
     with pytest.raises(grid.GridError, match="exclude name unknown flags"):
         grid.expand(config, env)

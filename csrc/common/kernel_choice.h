@@ -30,6 +30,18 @@ int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, r
 runtime::DType kernel_dtype(ScalarType dtype);
 [[noreturn]] void fail_no_variant(const char* op, const char* kernel, int arch, runtime::DType dtype, int bucket);
 
+// The variant of K with `flags` in head_dim's bucket. A head dim that fills its bucket runs the
+// exact-dim code (PAD_D off) where the build has it, else the padded code, which serves every
+// head dim of its bucket (configs.json builds only the padded code of the large families).
+template <typename K>
+const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DType dtype, int bucket,
+                                              int64_t head_dim, const typename K::Flags& flags) {
+  const bool pad = bucket != head_dim;
+  const runtime::KernelEntry* entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad));
+  if (entry == nullptr && !pad) entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, true));
+  return entry;
+}
+
 // The variant of kernel K with `flags` if the build has it, else with `fallback`: for flags that
 // only pick a faster code path, which configs.json's "exclude" may leave out on some archs.
 template <typename K>
@@ -38,9 +50,8 @@ runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type
   const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
   const runtime::DType dtype = kernel_dtype(scalar_type);
   const int bucket = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
-  const bool pad = bucket != head_dim;
-  const runtime::KernelEntry* entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad));
-  if (entry == nullptr) entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(fallback, pad));
+  const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags);
+  if (entry == nullptr) entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, fallback);
   if (entry == nullptr) fail_no_variant(op, K::kName, a.arch, dtype, bucket);
   return {{entry, device, a.from_ptx}};
 }

@@ -40,6 +40,22 @@ CANDIDATES = {
     "attn_bwd_dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
                     (64, 128, 4, 2), (128, 64, 4, 2)],
 }
+# Head dim 256 holds a [BLOCK, 256] float32 accumulator per output (two in dK/dV) and a 256-wide
+# operand per tile in shared memory: its neighbourhood is narrower tiles, fewer stages, 8 warps.
+BUCKET_CANDIDATES = {
+    256: {
+        "attn_fwd": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 1),
+                     (64, 32, 4, 3), (128, 128, 8, 1)],
+        "attn_bwd_dkdv": [(32, 64, 8, 1), (16, 64, 4, 2), (32, 64, 8, 2), (32, 64, 4, 2), (16, 128, 8, 2),
+                          (32, 128, 8, 1), (64, 64, 8, 1), (32, 32, 4, 3), (32, 32, 4, 2), (32, 32, 8, 3),
+                          (16, 32, 4, 3), (32, 32, 4, 4), (64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 2, 3),
+                          (64, 32, 4, 3), (128, 32, 4, 2), (64, 16, 4, 2), (64, 32, 4, 1), (128, 32, 8, 2),
+                          (128, 16, 4, 2)],
+        "attn_bwd_dq": [(64, 64, 8, 1), (64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2),
+                        (128, 64, 8, 1), (64, 32, 8, 3), (128, 32, 8, 3), (128, 32, 4, 2), (64, 32, 4, 3),
+                        (128, 64, 8, 2)],
+    },
+}
 # Matmul work of each kernel in units of the forward's 4 * b * h * s^2 * d (halved when causal):
 # the forward does QK^T and PV; dK/dV recomputes QK^T and dO V^T and adds P^T dO and dS^T Q; dQ
 # recomputes QK^T and dO V^T and adds dS K.
@@ -196,7 +212,7 @@ def tune(kernels, head_dims, seqlens, tokens, hidden, reps, arch, candidates=Non
         for kernel in kernels:
             rows = []
             current = current_config(kernel, arch, d)
-            configs = list((candidates or CANDIDATES)[kernel])
+            configs = list((candidates or BUCKET_CANDIDATES.get(d, CANDIDATES))[kernel])
             if current is not None and current not in configs:
                 configs.insert(0, current)
             for cfg in configs:

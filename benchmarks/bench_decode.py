@@ -175,7 +175,8 @@ def run_case(args, results, case):
     ceilings = [measure(results, args, case, f"ceiling:{name}", lambda i, fn=fn: (lambda: fn(kvs[i])))
                 for name, fn in CEILINGS.items()]
     best = max(ceilings, key=lambda r: r["gb_s"] or 0)
-    results.rows.append(dict(best, impl="ceiling", method=best["impl"].split(":")[1], ratio_vs={}))
+    results.rows.append(dict(best, impl="ceiling", method=best["impl"].split(":")[1], ratio_vs={},
+                             ratio={}))
     for name, backend in ({} if args.no_peers else sdpa_peers(dev)).items():
         def sdpa(i, backend=backend):
             qt, kt, vt = qs[i].transpose(1, 2).contiguous(), kvs[i][0].transpose(1, 2), kvs[i][1].transpose(1, 2)

@@ -9,8 +9,10 @@ Results schema (one JSON object per run, written by Results.write):
     config     the CLI's parsed arguments
     rows       flat records: the case's fields, then "impl", "ms" (per call; null when the
                call failed), "error" (null or why), derived metrics ("tflops", "gb_s", ...)
-               and "ratio_vs": {peer: fattn ms / peer ms} on fattn's rows ({} elsewhere).
-               ratio_vs is a time ratio: below 1 fattn is faster.
+               and, on fattn's rows ({} elsewhere), "ratio_vs": {peer: fattn ms / peer ms}, a time
+               ratio (below 1 fattn is faster), and "ratio": {peer: peer ms / fattn ms}, the
+               throughput ratio of benchmarks/results/forward_h100.json that the speed bars
+               are written in (1.0 or more: fattn at least as fast; benchmarks/check_bars.py).
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ class Results:
             row["tflops"] = flops / ms / 1e9 if ms else None
         if nbytes is not None:
             row["gb_s"] = nbytes / ms / 1e6 if ms else None
-        row.update(metrics, ratio_vs={})
+        row.update(metrics, ratio_vs={}, ratio={})
         self.rows.append(row)
         return row
 
@@ -187,13 +189,14 @@ class Results:
         return [r for r in self.rows if all(r.get(k) == v for k, v in case.items())]
 
     def compare(self, case: dict, peers, ours=None) -> None:
-        """ratio_vs on each of our rows of the case (`ours`, default every impl named fattn*):
-        its ms / each peer's ms."""
+        """ratio_vs (its ms / each peer's ms) and ratio (each peer's ms / its ms) on each of our
+        rows of the case (`ours`, default every impl named fattn*)."""
         rows = self.case_rows(case)
         peer_ms = {r["impl"]: r["ms"] for r in rows if r["impl"] in peers and r["ms"]}
         for r in rows:
             if (r["impl"] in ours if ours else r["impl"].startswith("fattn")) and r["ms"]:
                 r["ratio_vs"] = {peer: r["ms"] / ms for peer, ms in peer_ms.items()}
+                r["ratio"] = {peer: ms / r["ms"] for peer, ms in peer_ms.items()}
 
     def require_timings(self, keys) -> None:
         """Exits non-zero if some case (rows grouped by `keys`, plus impl) has no timed row,

@@ -43,3 +43,80 @@ def test_tuner_smoke_run_chooses_a_checked_config_per_kernel(tmp_path):
         chosen = [c for c in entry["candidates"] if c["config"] == entry["chosen"]]
         assert chosen and "rejected" not in chosen[0] and all(c["ms"] > 0 for c in chosen[0]["cases"]), kernel
         assert set(entry["chosen"]) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
+
+
+def test_bench_attention_rows_carry_the_throughput_ratio(tmp_path):
+    out = tmp_path / "forward.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_attention.py"), "--device", "cpu",
+                             "--quick", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    ours = [r for r in rows if r["impl"] == "fattn"]
+    assert ours and all(r["ratio"] for r in ours)
+    for r in ours:  # ratio = peer ms / fattn ms, the inverse of ratio_vs
+        peers = {p["impl"]: p["ms"] for p in rows if p["impl"] != "fattn" and p["seqlen"] == r["seqlen"]
+                 and p["head_dim"] == r["head_dim"] and p["causal"] == r["causal"]}
+        assert r["ratio"] == pytest.approx({p: ms / r["ms"] for p, ms in peers.items()})
+        assert r["ratio"] == pytest.approx({p: 1 / x for p, x in r["ratio_vs"].items()})
+
+
+def _bars_run(direction, ratios):
+    """A bench_attention result whose fattn rows have `ratios(head_dim, seqlen, causal)`."""
+    rows = [{"impl": "fattn", "head_dim": d, "seqlen": s, "causal": c, "ratio": ratios(d, s, c)}
+            for d in (64, 128, 256) for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
+    return {"benchmark": direction, "rows": [r for r in rows if r["ratio"] is not None]}
+
+
+@pytest.mark.parametrize("case", ["met", "backward below 0.9 cuDNN", "forward below Flex", "no d256 rows"])
+def test_check_bars_says_which_bar_is_unmet(tmp_path, case):
+    def ratios(direction):
+        def at(d, s, causal):
+            if case == "no d256 rows" and d == 256:
+                return None
+            r = {"sdpa_cudnn": 1.0 if direction == "forward" else 0.9, "flex": 1.2, "sdpa_flash": 1.5}
+            if case == "backward below 0.9 cuDNN" and direction == "backward" and (d, s, causal) == (128, 8192, True):
+                r["sdpa_cudnn"] = 0.89
+            if case == "forward below Flex" and direction == "forward" and (d, s) == (64, 512):
+                r["flex"] = 0.97
+            return r
+        return at
+
+    paths = []
+    for direction in ("forward", "backward"):
+        paths.append(tmp_path / f"{direction}.json")
+        paths[-1].write_text(json.dumps(_bars_run(direction, ratios(direction))))
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "check_bars.py"), *map(str, paths)],
+                            capture_output=True, text=True, timeout=60)
+    lines = result.stdout.splitlines()
+    if case == "met":
+        assert result.returncode == 0 and "0 unmet, 0 missing" in lines[-1], result.stdout[-2000:]
+        return
+    assert result.returncode == 1, result.stdout[-2000:]
+    # Each line: status, direction, d<head_dim>, s<seqlen>, causal or non-causal, "vs", peer, ratio, ...
+    bad = [line.split() for line in lines[:-1] if not line.lstrip().startswith("met")]
+    if case == "backward below 0.9 cuDNN":
+        assert [b[:7] for b in bad] == [["unmet", "backward", "d128", "s8192", "causal", "vs", "sdpa_cudnn"]], bad
+    elif case == "forward below Flex":
+        assert [b[:7] for b in bad] == [["unmet", "forward", "d64", "s512", c, "vs", "flex"]
+                                        for c in ("non-causal", "causal")], bad
+    else:  # d256: the Flex rows simply do not exist, the SDPA flash bar's rows are missing
+        assert bad and all(b[0] == "missing" and b[2] == "d256" and b[6] == "sdpa_flash" for b in bad), bad
+        assert len(bad) == 2 * 6 * 2  # forward and backward x 6 seqlens x causal
+
+
+def test_check_bars_joins_runs_but_refuses_a_row_measured_twice(tmp_path):
+    every = {"sdpa_cudnn": 1.0, "flex": 1.1, "sdpa_flash": 1.2}
+    paths = {}
+    for name, dims in (("small", (64, 128)), ("large", (256,)), ("again", (128,))):
+        for direction in ("forward", "backward"):
+            run = _bars_run(direction, lambda d, s, c: every if d in dims else None)
+            paths[name, direction] = tmp_path / f"{name}_{direction}.json"
+            paths[name, direction].write_text(json.dumps(run))
+    script = str(ROOT / "benchmarks" / "check_bars.py")
+    joined = subprocess.run([sys.executable, script, *(str(paths[n, d]) for n in ("small", "large")
+                                                       for d in ("forward", "backward"))],
+                            capture_output=True, text=True, timeout=60)
+    assert joined.returncode == 0 and "0 unmet, 0 missing" in joined.stdout, joined.stdout[-2000:] + joined.stderr
+    twice = subprocess.run([sys.executable, script, str(paths["small", "forward"]), str(paths["again", "forward"])],
+                           capture_output=True, text=True, timeout=60)
+    assert twice.returncode != 0 and "is in two runs" in twice.stderr, twice.stderr[-2000:]

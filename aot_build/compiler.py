@@ -59,13 +59,25 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("FATTN_AOT_CACHE", REPO_ROOT / "build" / "aot_cache"))
 
 
+def _source_class(fn):
+    """Triton's ASTSource, or for a Gluon kernel (@gluon.jit: explicit layouts, shared memory,
+    barriers and async wgmma) Gluon's, which differs only in the front end; the rest of the build
+    (signature, target, cubin, launch ABI) is the same for both."""
+    from triton.compiler import ASTSource
+
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource  # Triton 3.6's home for it
+
+        return GluonASTSource
+    return ASTSource
+
+
 def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None = None,
                     source_digest: str | None = None, packing: str = "none") -> Artifact:
     # Line info would embed absolute paths of this machine in the binaries.
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     source_digest = source_digest or _kernel_source_digest()
@@ -81,7 +93,7 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
         fn = kernel_spec(variant.kernel).kernel
         signature, attrs = triton_signature(variant.kernel, variant.dtype)
-        src = ASTSource(fn, signature, variant.constant_dict, attrs)
+        src = _source_class(fn)(fn, signature, variant.constant_dict, attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
                                   options={"num_warps": variant.num_warps,
                                            "num_stages": variant.num_stages})

@@ -254,3 +254,18 @@ def test_build_writes_consistent_table_and_hits_cache(tmp_path, packing, monkeyp
     assert bare["blob_size"] < first["blob_size"] - sum(r["ptx_size"] for r in first["kernels"]) / 2
     (tmp_path / "bare_images").mkdir()
     _check_outputs(tmp_path / "bare", bare, tmp_path / "bare_images")
+
+
+def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monkeypatch):
+    # The Hopper kernels may need Gluon (explicit warp specialization, barriers, async wgmma):
+    # a @gluon.jit kernel goes through compile_variant like the Triton ones, on a machine with no
+    # GPU, into a sm_90 cubin with the same launch ABI. (test_gluon_gpu.py runs it on Hopper.)
+    import triton_src
+    from aot_build.compiler import compile_variant
+    from helpers.gluon_probe import GLUON_WGMMA_PROBE, probe_variant
+
+    monkeypatch.setitem(triton_src.KERNELS, "gluon_wgmma_probe", GLUON_WGMMA_PROBE)
+    artifact = compile_variant(probe_variant(), shared_limit=232448, cache_dir=tmp_path)
+    assert artifact.cubin and "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in artifact.ptx
+    assert artifact.meta["num_warps"] == 4 and artifact.meta["shared"] >= 2 * 64 * 64 * 2
+    assert [p[0] for p in artifact.meta["params"]] == ["A", "B", "C", "stride_a", "stride_b", "stride_c"]

@@ -260,12 +260,9 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
     # The Hopper kernels may need Gluon (explicit warp specialization, barriers, async wgmma):
     # a @gluon.jit kernel goes through compile_variant like the Triton ones, on a machine with no
     # GPU, into a sm_90 cubin with the same launch ABI. (test_gluon_gpu.py runs it on Hopper.)
-    import triton_src
-    from aot_build.compiler import compile_variant
-    from helpers.gluon_probe import GLUON_WGMMA_PROBE, probe_variant
+    from helpers.gluon_probe import build_probe
 
-    monkeypatch.setitem(triton_src.KERNELS, "gluon_wgmma_probe", GLUON_WGMMA_PROBE)
-    artifact = compile_variant(probe_variant(), shared_limit=232448, cache_dir=tmp_path)
+    artifact = build_probe(tmp_path, monkeypatch)
     assert artifact.cubin and "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in artifact.ptx
     assert artifact.meta["num_warps"] == 4 and artifact.meta["shared"] >= 2 * 64 * 64 * 2
     assert [p[0] for p in artifact.meta["params"]] == ["A", "B", "C", "stride_a", "stride_b", "stride_c"]

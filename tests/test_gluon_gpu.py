@@ -24,12 +24,9 @@ def _check(result, what):
 
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (the probe is sm_90 wgmma code)")
 def test_gluon_cubin_from_the_build_runs_with_the_kernel_abi(tmp_path, monkeypatch):
-    import triton_src
-    from aot_build.compiler import compile_variant
-    from helpers.gluon_probe import GLUON_WGMMA_PROBE, WARPS, probe_variant
+    from helpers.gluon_probe import WARPS, build_probe
 
-    monkeypatch.setitem(triton_src.KERNELS, "gluon_wgmma_probe", GLUON_WGMMA_PROBE)
-    artifact = compile_variant(probe_variant(), shared_limit=232448, cache_dir=tmp_path)
+    artifact = build_probe(tmp_path, monkeypatch)
 
     g = torch.Generator(device="cuda").manual_seed(0)
     a, b = (torch.randn(64, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(2))

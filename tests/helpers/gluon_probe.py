@@ -38,8 +38,13 @@ GLUON_WGMMA_PROBE = KernelSpec(gluon_wgmma_probe, [
 ])
 
 
-def probe_variant(arch: int = 90):
-    """The probe as aot_build sees a variant of the grid."""
+def build_probe(cache_dir, monkeypatch):
+    """The probe compiled for sm_90 by aot_build's compile_variant, as a variant of the grid (its
+    spec registered beside the library's kernels for the duration of the test)."""
+    import triton_src
+    from aot_build.compiler import compile_variant
     from aot_build.grid import Variant
 
-    return Variant("gluon_wgmma_probe", __name__, arch, "fp16", (("BLOCK", 64),), WARPS, 1)
+    monkeypatch.setitem(triton_src.KERNELS, "gluon_wgmma_probe", GLUON_WGMMA_PROBE)
+    variant = Variant("gluon_wgmma_probe", __name__, 90, "fp16", (("BLOCK", 64),), WARPS, 1)
+    return compile_variant(variant, shared_limit=232448, cache_dir=cache_dir)

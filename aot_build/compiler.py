@@ -91,8 +91,9 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
     else:
         # Keep Triton's own cache inside ours so builds never touch ~/.triton.
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
-        fn = kernel_spec(variant.kernel).kernel
-        signature, attrs = triton_signature(variant.kernel, variant.dtype)
+        name = variant.implementation or variant.kernel
+        fn = kernel_spec(name).kernel
+        signature, attrs = triton_signature(name, variant.dtype)
         src = _source_class(fn)(fn, signature, variant.constant_dict, attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
                                   options={"num_warps": variant.num_warps,

@@ -32,6 +32,9 @@ class Variant:
     constants: tuple            # ((name, value), ...) every constexpr of the kernel
     num_warps: int
     num_stages: int
+    # The kernel function compiled for this variant when it is not `kernel` itself: another
+    # implementation of the same contract (triton_src.IMPLEMENTATIONS), e.g. the Hopper forward.
+    implementation: str = ""
 
     @property
     def constant_dict(self) -> dict:
@@ -40,7 +43,8 @@ class Variant:
     @property
     def label(self) -> str:
         flags = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.constants)
-        return f"{self.kernel} sm{self.arch} {self.dtype} {flags} w{self.num_warps} s{self.num_stages}"
+        name = f"{self.kernel} ({self.implementation})" if self.implementation else self.kernel
+        return f"{name} sm{self.arch} {self.dtype} {flags} w{self.num_warps} s{self.num_stages}"
 
 
 def load_config(path: Path = CONFIG_PATH, tuned_dir: Path = TUNED_DIR) -> dict:
@@ -168,6 +172,17 @@ def _excluded(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> b
     return any(_matches(kernel, kcfg, "exclude", entry, arch, bucket, flags) for entry in kcfg.get("exclude", []))
 
 
+def _implementation(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> dict | None:
+    """The first of configs.json's "implementations" of `kernel` that serves the variant: entries
+    shaped like flag_overrides' plus "kernel" (a triton_src.IMPLEMENTATIONS name), "source" and
+    "configs" (its tiles, keyed like the family's), for variants another kernel function runs
+    under the same contract (arguments, grid, results)."""
+    for entry in kcfg.get("implementations", []):
+        if _matches(kernel, kcfg, "implementations", entry, arch, bucket, flags):
+            return entry
+    return None
+
+
 def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]:
     """All variants to build, in a stable order."""
     config = load_config() if config is None else config
@@ -182,10 +197,15 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
                 flags = dict(zip(flag_names, flag_values))
                 if _excluded(kernel, kcfg, arch, bucket, flags):
                     continue
-                tile = dict(base, **_flag_overrides(kernel, kcfg, arch, bucket, flags))
+                impl = _implementation(kernel, kcfg, arch, bucket, flags)
+                if impl is None:
+                    tile = dict(base, **_flag_overrides(kernel, kcfg, arch, bucket, flags))
+                else:
+                    tile = _tile_config(f"{kernel} ({impl['kernel']})", impl, arch, bucket)
                 num_warps = tile.pop("num_warps")
                 num_stages = tile.pop("num_stages")
                 constants = dict(tile, BLOCK_D=bucket, **flags)
-                variants.append(Variant(kernel, kcfg["source"], arch, dtype,
-                                        tuple(sorted(constants.items())), num_warps, num_stages))
+                variants.append(Variant(kernel, impl["source"] if impl else kcfg["source"], arch, dtype,
+                                        tuple(sorted(constants.items())), num_warps, num_stages,
+                                        impl["kernel"] if impl else ""))
     return variants

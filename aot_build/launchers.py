@@ -128,7 +128,8 @@ def constant_names(config: dict, kernel: str) -> list[str]:
     grid.expand builds each variant's constants from exactly these."""
     kcfg = config["kernels"][kernel]
     tile_keys: set[str] | None = None
-    for per_arch in kcfg["configs"].values():
+    tables = [kcfg["configs"]] + [impl["configs"] for impl in kcfg.get("implementations", [])]
+    for per_arch in (p for table in tables for p in table.values()):
         for tile in per_arch.values():
             keys = {k for k in tile if k not in ("num_warps", "num_stages")}
             if tile_keys is not None and keys != tile_keys:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 
 def kernel_spec(kernel: str):
-    from triton_src import KERNELS
+    """The spec of a kernel family, or of one of its other implementations (same contract)."""
+    from triton_src import IMPLEMENTATIONS, KERNELS
 
-    try:
-        return KERNELS[kernel]
-    except KeyError:
-        raise KeyError(f"no kernel spec named {kernel}; triton_src/__init__.py lists {sorted(KERNELS)}") from None
+    spec = KERNELS.get(kernel, IMPLEMENTATIONS.get(kernel))
+    if spec is None:
+        raise KeyError(f"no kernel spec named {kernel}; triton_src/__init__.py lists {sorted(KERNELS)} "
+                       f"and the implementations {sorted(IMPLEMENTATIONS)}")
+    return spec
 
 
 def triton_signature(kernel: str, dtype: str) -> tuple[dict, dict]:

@@ -137,16 +137,17 @@ def _shape(q, k, seqlen_q, seqlen_k):
             dict(BLOCK_D=block_d, PAD_D=block_d != head_dim))
 
 
-def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packing | None = None):
-    """(out, lse) of attn_fwd. Dense outputs start as NaN (every element must be written); packed
-    ones as zeros, as the op allocates them (rows outside every sequence are not written)."""
+def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packing | None = None, spec=ATTN_FWD):
+    """(out, lse) of attn_fwd, or of another kernel with its arguments (`spec`: the Hopper
+    forward). Dense outputs start as NaN (every element must be written); packed ones as zeros,
+    as the op allocates them (rows outside every sequence are not written)."""
     batch, seqlen_q, seqlen_k, lse_shape, layout = _problem(q, k, packing)
     dense = packing is None
     lse = torch.full(lse_shape, float("nan") if dense else 0.0, device=q.device)
     out = torch.full_like(q, float("nan")) if dense else torch.zeros_like(q)
     shape, head = _shape(q, k, seqlen_q, seqlen_k)
     variant_args, _ = variant.args(q.shape[-1], q.device)
-    ATTN_FWD.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
+    spec.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
                     num_stages=tiles.num_stages, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                     SCORE_MOD=variant.score_mod, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
                     **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,

@@ -1,0 +1,105 @@
+"""The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
+sm_90 implementation for the 64 and 128 head-dim buckets, SCORE_MOD 0 and 1) on a Hopper GPU
+(skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
+only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
+strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
+suites (forward, varlen, variants, sinks, head dims, backward) run through it as well on Hopper."""
+
+import pytest
+import torch
+
+import fattn
+from fattn.reference import attention_reference
+from helpers import check_accuracy, make_qkv, requires_gpu
+
+
+def _hopper_build():
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        return False
+    return any(e["function"] == "attn_fwd_sm90" for e in fattn.build_info()["kernels"])
+
+
+pytestmark = [requires_gpu, pytest.mark.gpu,
+              pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_fwd_sm90")]
+
+
+def _kernels_launched(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
+                         ids=["plain", "causal", "softcap-window"])
+def test_the_hopper_kernel_serves_the_64_and_128_buckets(head_dim, options):
+    q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
+    names = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
+    assert "attn_fwd_sm90" in names, names
+
+
+@pytest.mark.parametrize("what", ["dropout", "head_dim 256"])
+def test_other_calls_stay_on_attn_fwd(what):
+    d = 256 if what == "head_dim 256" else 128
+    q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
+    p = 0.1 if what == "dropout" else 0.0
+    names = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p))
+    assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 63, 64, 65, 127, 129, 1000])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tile_halves_past_the_end(seqlen_q, dtype):
+    # The second consumer warpgroup's 64 rows start past seqlen_q for seqlen_q <= 64 (it stores
+    # nothing), straddle it for 65..127; the rows after must stay untouched (poisoned).
+    torch.manual_seed(seqlen_q)
+    q, k, v = make_qkv(2, seqlen_q, 777, 8, 2, 128, dtype, "cuda")
+    for causal in (False, True):
+        out, lse = fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        check_accuracy(out, lse, q, k, v, None, causal, f"seqlen_q {seqlen_q} causal {causal}")
+
+
+@pytest.mark.parametrize("head_dim", [40, 72, 128])
+def test_strided_views_and_padded_head_dims(head_dim):
+    # Row strides far from head_dim (views of a fused buffer, q transposed from [b, h, s, d]):
+    # the device-side TMA descriptors take them as they are.
+    torch.manual_seed(head_dim)
+    q, k, v = make_qkv(2, 1000, 1000, 8, 2, head_dim, torch.bfloat16, "cuda", layout="strided")
+    out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    check_accuracy(out, lse, q, k, v, None, True, f"strided d{head_dim}")
+
+
+def test_packed_batch_with_empty_sequences():
+    # Empty query spans, empty key spans and both: descriptors of zero rows are never read from or
+    # stored through; a query with no key gets out 0 and lse -inf.
+    lens_q = [0, 5, 3, 130, 64, 1, 0]
+    lens_k = [3, 0, 0, 200, 64, 1, 0]
+    heads, kv_heads, d = 4, 2, 128
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(sum(lens_q), heads, d, dtype=torch.bfloat16, device="cuda", generator=g)
+    k = torch.randn(sum(lens_k), kv_heads, d, dtype=torch.bfloat16, device="cuda", generator=g)
+    v = torch.randn_like(k)
+    out, lse = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                           return_lse=True)
+    assert not torch.isnan(out).any()
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        qs, ks = int(cu_q[b]), int(cu_k[b])
+        if lq == 0:
+            continue
+        o, l = out[qs:qs + lq], lse[:, qs:qs + lq]
+        if lk == 0:
+            assert torch.equal(o, torch.zeros_like(o)), f"sequence {b}: out of a query with no key"
+            assert torch.isneginf(l).all(), f"sequence {b}: lse of a query with no key"
+            continue
+        qb, kb, vb = q[None, qs:qs + lq], k[None, ks:ks + lk], v[None, ks:ks + lk]
+        ref, ref_lse = attention_reference(qb.double(), kb.double(), vb.double(), None, True)
+        low, _ = attention_reference(qb, kb, vb, None, True, dtype=torch.bfloat16)
+        err = (o.double() - ref[0]).abs().max().item()
+        base = (low[0].double() - ref[0]).abs().max().item()
+        assert err <= 2 * base + 1e-5, f"sequence {b}: out error {err:.3e} > 2 x torch error {base:.3e}"
+        finite = torch.isfinite(ref_lse[0])
+        assert torch.equal(torch.isfinite(l), finite), f"sequence {b}: lse -inf pattern"
+        assert (l[finite].double() - ref_lse[0][finite]).abs().max().item() <= 5e-3, f"sequence {b}: lse"

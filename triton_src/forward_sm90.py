@@ -1,0 +1,359 @@
+"""The Hopper (sm_90) attention forward, in Gluon: attn_fwd's contract (forward.py: the same
+arguments, grid and results), with FlashAttention-3's structure written out, which Triton's own
+scheduler does not produce (NOTES.md T1, T3, T6):
+
+- warp specialization: a producer warp loads the two 64-row halves of the Q tile and every
+  visited K and V tile by TMA into a ring of STAGES shared-memory slots (mbarriers for "ready"
+  and, two consumer arrivals each, "empty"); two consumer warpgroups own 64 query rows each.
+  The TMA descriptors are built on the device from pointers and strides (the launch ABI stays
+  the kernels' own), over one (sequence, head) as a [seqlen, head_dim] matrix: TMA zero-fills
+  rows past the sequence and columns past head_dim, so varlen and padded head dims need no
+  masked loads, and clips the stores of Out the same way.
+- ping-pong: the consumers take turns (the `turn` mbarriers) issuing their two products of an
+  iteration, S(j) = Q K(j)^T and O += P(j-1) V(j-1), so that one warpgroup's softmax runs while
+  the other's products use the tensor cores;
+- intra-warpgroup overlap: each consumer waits for S(j) only, and computes the softmax of tile j
+  while P(j-1) V(j-1) is still running; P stays in registers as that product's A operand.
+
+Tiles are visited as in attn_fwd: the fully visible ones first without a mask, then the window's
+edges and the end of the keys. Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal,
+sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (every tile masked); configs.json keeps
+SCORE_MOD 2 (bias, dropout) on attn_fwd. The op guarantees what TMA needs: 16-byte aligned
+bases and row strides, head_dim a multiple of 8.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from .forward import ATTN_FWD
+from .spec import KernelSpec
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _sequence_span(CuSeqlens, Seqused, batch, seqlen, use_cu_seqlens, use_seqused):
+    """common.sequence_span: (start, length) of sequence `batch`."""
+    start = 0
+    length = seqlen
+    if use_cu_seqlens != 0:
+        start = gl.load(CuSeqlens + batch)
+        length = gl.load(CuSeqlens + batch + 1) - start
+    if use_seqused != 0:
+        length = gl.load(Seqused + batch)
+    return start, length
+
+
+@gluon.jit
+def _visible_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right, every_tile,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """common.visible_key_range and tile_loop_bounds as a tile schedule: (lo, full_lo, full_hi,
+    n_full, n_tiles). Tile i < n_full starts at key full_lo + i * BLOCK_N and needs no mask; the
+    others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start)."""
+    diagonal = seqlen_k - seqlen_q
+    last_m = start_m + BLOCK_M - 1
+    hi = seqlen_k
+    lo = 0
+    full_lo = 0
+    full_hi = seqlen_k
+    if window_right >= 0:
+        hi = gl.minimum(gl.maximum(last_m + diagonal + window_right + 1, 0), seqlen_k)
+        full_hi = gl.minimum(gl.maximum(start_m + diagonal + window_right + 1, 0), seqlen_k)
+    if window_left >= 0:
+        lo = gl.minimum(gl.maximum(start_m + diagonal - window_left, 0), hi)
+        full_lo = gl.maximum(last_m + diagonal - window_left, 0)
+    if start_m >= seqlen_q:
+        hi = 0
+    lo = gl.minimum(lo, hi) // BLOCK_N * BLOCK_N
+    hi_tiles = gl.cdiv(hi, BLOCK_N) * BLOCK_N
+    full_lo = gl.minimum(gl.cdiv(full_lo, BLOCK_N) * BLOCK_N, hi_tiles)
+    full_hi = gl.maximum(gl.minimum((full_hi // BLOCK_N) * BLOCK_N, hi), full_lo)
+    if every_tile != 0:  # common.mask_every_tile
+        full_lo = hi_tiles
+        full_hi = hi_tiles
+    n_full = (full_hi - full_lo) // BLOCK_N
+    n_masked = (gl.maximum(full_lo - lo, 0) + gl.cdiv(gl.maximum(hi - full_hi, 0), BLOCK_N) * BLOCK_N) // BLOCK_N
+    return lo, full_lo, full_hi, n_full, n_full + n_masked
+
+
+@gluon.jit
+def _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N: gl.constexpr):
+    """First key of the i-th visited tile (common.tile_at over the schedule of _visible_tiles)."""
+    masked = lo + (i - n_full) * BLOCK_N
+    masked = gl.where(masked < full_lo, masked, masked - full_lo + full_hi)
+    return gl.where(i < n_full, full_lo + i * BLOCK_N, masked)
+
+
+@gluon.jit
+def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+          start_m, lo, full_lo, full_hi, n_full, n_tiles,
+          HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: both halves of the Q tile, then each visited tile's K and V into the
+    ring, a slot refilled once both consumers have released it (k_empty / v_empty, two arrivals
+    each). A fresh mbarrier passes a wait on parity 1, so the first round does not wait."""
+    if n_tiles > 0:
+        for half in gl.static_range(2):
+            mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [start_m + half * HALF_M, 0], q_ready.index(half),
+                                            q_smem.index(half))
+    for i in range(n_tiles):
+        stage = i % STAGES
+        free_phase = ((i // STAGES) & 1) ^ 1
+        start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
+        mbarrier.wait(k_empty.index(stage), free_phase)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.wait(v_empty.index(stage), free_phase)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _softcap_tanh(x):
+    """common.softcap_tanh: one tanh.approx.f32."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
+            qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD: gl.constexpr):
+    """The tile's scores in the log2 domain, -inf where masked (tiles past the unmasked ones):
+    forward.py's _attend_key_tiles between the two dots."""
+    s = s * qk_scale
+    cols = start_n + offs_n
+    if SCORE_MOD:
+        if softcap_log2 > 0:
+            s = softcap_log2 * _softcap_tanh(s)
+        s -= alibi_log2 * gl.abs(rows[:, None] + diagonal - cols[None, :]).to(gl.float32)
+    if i >= n_full:
+        lo = gl.where(window_left >= 0, rows + diagonal - window_left, 0)
+        hi = gl.where(window_right >= 0, rows + diagonal + window_right, seqlen_k - 1)
+        visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]) & (cols[None, :] < seqlen_k)
+        if use_segments != 0:
+            kv_seg = gl.load(kv_seg_base + cols, mask=cols < seqlen_k, other=0)
+            visible = visible & (q_seg[:, None] == kv_seg[None, :])
+        s = gl.where(visible, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i):
+    """common.softmax_step on log2-domain scores: (p, alpha, m_i, l_i). A row that has seen only
+    -inf keeps m = -inf and is shifted by 0, so no NaN reaches p or alpha."""
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_shift[:, None])
+    alpha = gl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+            Lse, lse_base, Sinks, head, use_sinks, q_seg_base, kv_seg_base, use_segments,
+            start_m, seqlen_q, seqlen_k, lo, full_lo, full_hi, n_full, n_tiles, window_left, window_right,
+            qk_scale, softcap_log2, alibi_log2,
+            HALF: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+            STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
+    """One consumer warpgroup: query rows [start_m + HALF * HALF_M, + HALF_M) of the tile, through
+    every visited key tile, then its rows of Out and Lse.
+
+    Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for S(j), computes tile j's
+    softmax while the second product runs, then waits for it: no wgmma is in flight across the
+    loop's back edge, which keeps ptxas from serializing them (an S(j+1) carried across it did)."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    row0 = start_m + HALF * HALF_M
+    rows = row0 + gl.arange(0, HALF_M, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    diagonal = seqlen_k - seqlen_q
+    q_seg = gl.zeros([HALF_M], gl.int32, layout=row_layout)
+    if use_segments != 0:
+        q_seg = gl.load(q_seg_base + rows, mask=rows < seqlen_q, other=0)
+
+    # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 at m = its logit.
+    m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.zeros([HALF_M], gl.float32, layout=row_layout)
+    if use_sinks != 0:
+        m_i = gl.zeros([HALF_M], gl.float32, layout=row_layout) + gl.load(Sinks + head) * LOG2E
+        l_i = gl.zeros([HALF_M], gl.float32, layout=row_layout) + 1.0
+    acc = gl.zeros([HALF_M, BLOCK_D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+    q_tile = q_smem.index(HALF)
+
+    if n_tiles > 0:
+        mbarrier.wait(q_ready.index(HALF), 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
+        scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
+                         qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
+        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        if HALF == 1:
+            mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
+        turn_phase = 0
+
+        for j in range(1, n_tiles):
+            # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
+            # warpgroup, so that its softmax runs while these products use the tensor cores.
+            mbarrier.wait(turn.index(HALF), turn_phase)
+            stage = j % STAGES
+            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
+            prev = (j - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(turn.index(1 - HALF), count=1)
+            turn_phase ^= 1
+
+            # The softmax of tile j overlaps P(j-1) V(j-1): wait for S(j) only (issued first).
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
+            scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
+                             qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
+            p, alpha, m_i, l_i = _softmax(scores, m_i, l_i)
+            # P(j-1)'s registers are the running product's operand until it finishes.
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = (n_tiles - 1) % STAGES
+        acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+
+    # common.softmax_finish: rows that saw no key give out 0 and lse -inf (or the sink's).
+    l_o = gl.convert_layout(l_i, orow_layout)
+    empty = l_o == 0.0
+    out = acc / gl.where(empty, 1.0, l_o)[:, None]
+    lse = gl.where(empty, float("-inf"), (gl.convert_layout(m_i, orow_layout) + gl.log2(l_o)) * LN2)
+
+    # Out through this half's Q buffer (its last product is done) and TMA, which clips rows past
+    # the sequence and columns past head_dim. A half past its sequence's end (or an empty
+    # sequence, whose descriptor has no rows) stores nothing.
+    if row0 < seqlen_q:
+        q_tile.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row0, 0], q_tile)
+        orows = row0 + gl.arange(0, HALF_M, layout=orow_layout)
+        gl.store(lse_base + orows, lse, mask=orows < seqlen_q)
+        tma.store_wait(0)
+
+
+@gluon.jit
+def attn_fwd_sm90(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lseb, stride_lseh,
+    CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
+    seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
+    Alibi, stride_alibib, stride_alibih, use_alibi,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    qk_scale, softcap_log2, Sinks, use_sinks,
+    Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
+):
+    """attn_fwd's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are not
+    read (the op sends those calls to attn_fwd). Launched with 4 warps (the first consumer
+    warpgroup); warp_specialize adds the second consumer and the producer warp."""
+    STAGES: gl.constexpr = 2
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+    gl.static_assert(HALF_M == 64, "two consumer warpgroups of 64 query rows")
+
+    num_m_tiles = gl.num_programs(0)
+    pid_m = gl.program_id(0)
+    if window_right >= 0:  # later query tiles are heavier: run them first
+        pid_m = num_m_tiles - 1 - pid_m
+    head = gl.program_id(1)
+    batch = gl.program_id(2).to(gl.int64)
+    kv_head = head // kv_group_size
+    q_start, seqlen_q = _sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
+    k_start, seqlen_k = _sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
+    start_m = pid_m * BLOCK_M
+
+    swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+    q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
+    k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
+    v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
+    o_base = Out + batch * stride_ob + q_start.to(gl.int64) * stride_os + head.to(gl.int64) * stride_oh
+    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [HALF_M, BLOCK_D], tile_layout)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D], tile_layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D], tile_layout)
+    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [HALF_M, BLOCK_D], tile_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(q_ready.index(b), count=1)
+        mbarrier.init(turn.index(b), count=1)
+    for b in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(b), count=1)
+        mbarrier.init(v_ready.index(b), count=1)
+        mbarrier.init(k_empty.index(b), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(b), count=2)
+
+    lo, full_lo, full_hi, n_full, n_tiles = _visible_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                           use_segments, BLOCK_M, BLOCK_N)
+    alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
+    if SCORE_MOD:
+        if use_alibi != 0:
+            alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
+    q_seg_base = QSegmentIds + batch * stride_qsegb
+    kv_seg_base = KvSegmentIds + batch * stride_kvsegb
+    lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
+
+    gl.warp_specialize([
+        (_attend, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                   Lse, lse_base, Sinks, head, use_sinks, q_seg_base, kv_seg_base, use_segments,
+                   start_m, seqlen_q, seqlen_k, lo, full_lo, full_hi, n_full, n_tiles, window_left, window_right,
+                   qk_scale, softcap_log2, alibi_log2, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
+        (_attend, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                   Lse, lse_base, Sinks, head, use_sinks, q_seg_base, kv_seg_base, use_segments,
+                   start_m, seqlen_q, seqlen_k, lo, full_lo, full_hi, n_full, n_tiles, window_left, window_right,
+                   qk_scale, softcap_log2, alibi_log2, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
+        (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+                 start_m, lo, full_lo, full_hi, n_full, n_tiles, HALF_M, BLOCK_N, STAGES)),
+    ], [4, 1], [240, 24])
+
+    for b in gl.static_range(2):
+        mbarrier.invalidate(q_ready.index(b))
+        mbarrier.invalidate(turn.index(b))
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(b))
+        mbarrier.invalidate(v_ready.index(b))
+        mbarrier.invalidate(k_empty.index(b))
+        mbarrier.invalidate(v_empty.index(b))
+
+
+# attn_fwd's contract: its parameters (the spec checks the function against them) and constexprs.
+ATTN_FWD_SM90 = KernelSpec(attn_fwd_sm90, ATTN_FWD.params)
+assert ATTN_FWD_SM90.constexprs == ATTN_FWD.constexprs, "attn_fwd_sm90 must take attn_fwd's constexprs"

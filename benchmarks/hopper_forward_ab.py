@@ -1,0 +1,80 @@
+"""The Hopper forward (triton_src/forward_sm90.py) against attn_fwd (triton_src/forward.py) on the
+same inputs, both through Triton's JIT (triton_src/python_launch.py), interleaved: the measurement
+behind configs.json's choice of where the Gluon kernel replaces attn_fwd on sm_90.
+
+    python benchmarks/hopper_forward_ab.py [--head-dims 64,128] [--out hopper_forward_ab.json]
+
+Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not. attn_fwd runs with the tiles
+the grid builds for this GPU (aot_build/tuned/sm90.json), attn_fwd_sm90 with its configs.json
+entry. The two alternate --pairs times, each sample the median of 10 timed calls; the figure is
+the median over the samples. Needs a Hopper GPU (the Gluon kernel is sm_90a code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import triton  # noqa: E402
+
+import triton_src.python_launch as launch  # noqa: E402
+from aot_build import grid  # noqa: E402
+from aot_build.tune import Problem, _time_ms, current_config  # noqa: E402
+from triton_src.forward import ATTN_FWD  # noqa: E402
+from triton_src.forward_sm90 import ATTN_FWD_SM90  # noqa: E402
+
+
+def _hopper_tiles(bucket: int) -> launch.Tiles:
+    impl = grid.load_config()["kernels"]["attn_fwd"]["implementations"][0]
+    tile = grid._tile_config("attn_fwd_sm90", impl, 90, bucket)
+    return launch.Tiles(tile["BLOCK_M"], tile["BLOCK_N"], tile["num_warps"], tile["num_stages"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--seqlens", default="512,1024,4096,16384")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        parser.error("times the sm_90 kernel: needs a Hopper GPU")
+    # The Gluon kernel builds its TMA descriptors in global scratch, which the JIT launch allocates.
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    rows = []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        kernels = {"attn_fwd": (ATTN_FWD, launch.Tiles(*current_config("attn_fwd", 90, d))),
+                   "attn_fwd_sm90": (ATTN_FWD_SM90, _hopper_tiles(d))}
+        for seqlen in (int(x) for x in args.seqlens.split(",")):
+            for causal in (False, True):
+                p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
+                variant = launch.Variant(causal=causal)
+                samples = {name: [] for name in kernels}
+                for _ in range(args.pairs):
+                    for name, (spec, tiles) in kernels.items():
+                        fn = lambda: launch.forward(p.q, p.k, p.v, tiles, variant, spec=spec)  # noqa: E731
+                        samples[name].append(_time_ms(fn, 10))
+                ms = {name: statistics.median(s) for name, s in samples.items()}
+                row = {"head_dim": d, "seqlen": seqlen, "causal": causal,
+                       **{f"{name}_tflops": round(p.flops / t / 1e9, 1) for name, t in ms.items()},
+                       "speedup": round(ms["attn_fwd"] / ms["attn_fwd_sm90"], 3)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                del p
+                torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "triton": triton.__version__, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

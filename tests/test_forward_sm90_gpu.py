@@ -60,6 +60,17 @@ def test_tile_halves_past_the_end(seqlen_q, dtype):
         check_accuracy(out, lse, q, k, v, None, causal, f"seqlen_q {seqlen_q} causal {causal}")
 
 
+@pytest.mark.parametrize("softmax_scale", [-0.3, 0.0, 0.02])
+def test_any_finite_softmax_scale(softmax_scale):
+    # The kernel folds a positive scale into its exp2 after the row maximum, which a scale <= 0
+    # would not commute with: those scale first.
+    torch.manual_seed(1)
+    q, k, v = make_qkv(2, 500, 700, 4, 4, 128, torch.bfloat16, "cuda")
+    for causal in (False, True):
+        out, lse = fattn.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)
+        check_accuracy(out, lse, q, k, v, softmax_scale, causal, f"scale {softmax_scale} causal {causal}")
+
+
 @pytest.mark.parametrize("head_dim", [72, 104, 128])
 def test_strided_views_and_padded_head_dims(head_dim):
     # Row strides far from head_dim (views of a fused buffer, q transposed from [b, h, s, d]):

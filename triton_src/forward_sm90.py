@@ -120,14 +120,18 @@ def _softcap_tanh(x):
 @gluon.jit
 def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
             qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD: gl.constexpr):
-    """The tile's scores in the log2 domain, -inf where masked (tiles past the unmasked ones):
-    forward.py's _attend_key_tiles between the two dots."""
-    s = s * qk_scale
+    """The tile's scores, -inf where masked (tiles past the unmasked ones): forward.py's
+    _attend_key_tiles between the two dots. With SCORE_MOD 0 and qk_scale > 0 they stay unscaled
+    (_softmax folds qk_scale into its exp2's argument, one FFMA per score); else they are in the
+    log2 domain."""
     cols = start_n + offs_n
     if SCORE_MOD:
+        s = s * qk_scale
         if softcap_log2 > 0:
             s = softcap_log2 * _softcap_tanh(s)
         s -= alibi_log2 * gl.abs(rows[:, None] + diagonal - cols[None, :]).to(gl.float32)
+    elif qk_scale <= 0:  # a max does not commute with a scale <= 0
+        s = s * qk_scale
     if i >= n_full:
         lo = gl.where(window_left >= 0, rows + diagonal - window_left, 0)
         hi = gl.where(window_right >= 0, rows + diagonal + window_right, seqlen_k - 1)
@@ -140,12 +144,12 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i):
-    """common.softmax_step on log2-domain scores: (p, alpha, m_i, l_i). A row that has seen only
-    -inf keeps m = -inf and is shifted by 0, so no NaN reaches p or alpha."""
-    m_new = gl.maximum(m_i, gl.max(s, 1))
+def _softmax(s, m_i, l_i, scale):
+    """common.softmax_step on the log2-domain scores s * scale (scale >= 0): (p, alpha, m_i, l_i).
+    A row that has seen only -inf keeps m = -inf and is shifted by 0, so no NaN reaches p or alpha."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * scale)  # scale > 0: the max commutes with it
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - m_shift[:, None])
+    p = gl.exp2(s * scale - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -175,6 +179,12 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
 
     row0 = start_m + HALF * HALF_M
     rows = row0 + gl.arange(0, HALF_M, layout=row_layout)
+    # What _softmax multiplies the scores _scores returns by: qk_scale where _scores left them
+    # unscaled (SCORE_MOD 0 with qk_scale > 0), else 1.
+    softmax_scale = qk_scale * 0.0 + 1.0
+    if not SCORE_MOD:
+        if qk_scale > 0:
+            softmax_scale = qk_scale
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     diagonal = seqlen_k - seqlen_q
     q_seg = gl.zeros([HALF_M], gl.int32, layout=row_layout)
@@ -200,7 +210,7 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
         start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
         scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
                          qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
-        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i)
+        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         if HALF == 1:
             mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
@@ -226,7 +236,7 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
             start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
             scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
                              qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
-            p, alpha, m_i, l_i = _softmax(scores, m_i, l_i)
+            p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
             # P(j-1)'s registers are the running product's operand until it finishes.
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(prev), count=1)

@@ -266,3 +266,39 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
     assert artifact.cubin and "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in artifact.ptx
     assert artifact.meta["num_warps"] == 4 and artifact.meta["shared"] >= 2 * 64 * 64 * 2
     assert [p[0] for p in artifact.meta["params"]] == ["A", "B", "C", "stride_a", "stride_b", "stride_c"]
+
+
+def test_implementations_replace_only_the_variants_they_serve(tmp_path):
+    # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
+    # sm_90, bucket 128, SCORE_MOD 0 and 1; every other attn_fwd variant is the family's own.
+    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128"}
+    variants = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
+    hopper = [v for v in variants if v.implementation]
+    assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in hopper} == {
+        (90, 128, mod, dtype) for mod in (0, 1) for dtype in ("fp16", "bf16")}
+    assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
+    others = [v for v in variants if not v.implementation]
+    assert len(others) == len(variants) - 4 and all(v.source == "triton_src.forward" for v in others)
+    # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
+    assert {tuple(n for n, _ in v.constants) for v in variants} == {tuple(n for n, _ in hopper[0].constants)}
+
+    config = grid.load_config()
+    config["kernels"]["attn_fwd"]["implementations"][0]["flags"] = {"NO_SUCH_FLAG": 1}
+    with pytest.raises(grid.GridError, match="implementations name unknown flags"):
+        grid.expand(config, env)
+
+
+def test_the_hopper_forward_compiles_through_the_build(tmp_path):
+    # Compiled on a machine with no GPU from the grid's own variant: the cubin's function is the
+    # Gluon kernel, under attn_fwd's parameters; warp_specialize makes it 12 warps, and its TMA
+    # descriptors live in Triton's global scratch, which the runtime allocates per launch.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
+                   if v.implementation and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 1)
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    from triton_src import KERNELS
+
+    assert artifact.meta["name"] == "attn_fwd_sm90"
+    assert [p[0] for p in artifact.meta["params"]] == [p.name for p in KERNELS["attn_fwd"].params]
+    assert artifact.meta["num_warps"] == 12 and artifact.meta["global_scratch_size"] > 0
+    assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx

@@ -102,3 +102,18 @@ uint64_t key() { return fattn::kernels::attn_fwd::flags_key(%s, false); }
 def test_flags_cannot_be_left_out(tmp_path, header, flags, ok):
     run = _compile_against(tmp_path, header, FLAGS_CALL % flags)
     assert (run.returncode == 0) == ok, run.stderr
+
+
+def test_every_implementation_keeps_its_familys_contract():
+    from triton_src import IMPLEMENTATIONS
+
+    config = grid.load_config()["kernels"]
+    used = set()
+    for family, kcfg in config.items():
+        for impl in kcfg.get("implementations", []):
+            spec = IMPLEMENTATIONS[impl["kernel"]]
+            used.add(impl["kernel"])
+            assert spec.params == KERNELS[family].params, impl["kernel"]
+            assert spec.constexprs == KERNELS[family].constexprs, impl["kernel"]
+            assert spec.kernel.fn.__module__ == impl["source"], impl["kernel"]
+    assert used == set(IMPLEMENTATIONS), "an implementation configs.json never builds"

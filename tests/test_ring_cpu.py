@@ -11,7 +11,9 @@ import torch.multiprocessing as mp
 
 import fattn
 from fattn.reference import attention_reference
-from fattn.ring import shard, simulate, unshard
+from helpers import designed_p2p_ops
+import fattn.ring as ring_module
+from fattn.ring import _plan, ring_steps, shard, simulate, unshard
 
 BATCH, SEQLEN, HEADS, KV_HEADS, HEAD_DIM = 2, 24, 4, 2, 16  # 24 is divisible by 2 * world for 2, 3, 4
 
@@ -29,7 +31,37 @@ def _full_problem(seed=0):
 # (causal, window_size, softcap, sinks): windows shorter and longer than a chunk (24 / (2 * world)
 # rows), one-sided and two-sided, so that pieces are cut on both sides of the diagonal.
 RING_VARIANTS = [(False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False), (True, (4, -1), 0.0, True),
-                 (False, (2, 7), 1.5, False), (False, (-1, 3), 0.0, True)]
+                 (False, (2, 7), 1.5, False), (False, (-1, 3), 0.0, True), (False, (0, 0), 0.0, False)]
+
+
+class _Counts:
+    """P2P ops posted and forward / backward kernel calls made by fattn.ring, while installed."""
+
+    def __enter__(self):
+        self.rings, self.launches = [], {"forward": 0, "backward": 0}
+        self._saved = (ring_module._Ring.__init__, ring_module._forward_op, ring_module._backward_op)
+        init, fwd, bwd = self._saved
+
+        def counting_init(inner, group):
+            init(inner, group)
+            self.rings.append(inner)
+
+        def counting(name, op):
+            def call(*args):
+                self.launches[name] += 1
+                return op(*args)
+            return call
+
+        ring_module._Ring.__init__ = counting_init
+        ring_module._forward_op, ring_module._backward_op = counting("forward", fwd), counting("backward", bwd)
+        return self
+
+    def __exit__(self, *exc):
+        ring_module._Ring.__init__, ring_module._forward_op, ring_module._backward_op = self._saved
+
+    @property
+    def p2p_ops(self):
+        return sum(r.p2p_ops for r in self.rings)
 
 
 def _check_rank(rank, world):
@@ -47,11 +79,21 @@ def _check_rank(rank, world):
 
             local = [shard(t, world, rank, sharding).clone().requires_grad_() for t in (q, k, v)]
             sinks = sink_values.clone().requires_grad_() if with_sinks else None
-            out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding,
-                                                  window_size=window, softcap=softcap, sinks=sinks)
-            loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
-            loss.backward()
+            with _Counts() as counts:
+                out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding,
+                                                      window_size=window, softcap=softcap, sinks=sinks)
+                loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
+                loss.backward()
             what = f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} sinks={with_sinks} {sharding}"
+            # The steps the schedule runs, the P2P ops they post and the kernels they launch: none
+            # for a step whose block no query of this rank sees, and no step after the last one
+            # any rank needs.
+            local_len = SEQLEN // world
+            steps = ring_steps(world, local_len, causal, sharding, window)
+            pieces = sum(len(_plan(rank, (rank - i) % world, world, local_len, causal, sharding, window))
+                         for i in range(steps))
+            assert counts.p2p_ops == designed_p2p_ops(world, steps), f"{what}: {counts.p2p_ops} P2P ops"
+            assert counts.launches == {"forward": pieces, "backward": pieces}, f"{what}: {counts.launches}"
             if with_sinks:  # each rank's share of the sinks' gradient; summed, the whole
                 dsinks = sinks.grad.clone()
                 dist.all_reduce(dsinks)
@@ -135,3 +177,30 @@ def test_simulate_matches_full_attention(world, window, causal, sharding):
     want_out, want_lse = attention_reference(q, k, v, None, causal, window_size=window)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("sharding, causal, window, steps", [
+    ("contiguous", True, (-1, -1), 4), ("contiguous", True, (2, -1), 2), ("contiguous", True, (4, -1), 2),
+    ("contiguous", True, (7, -1), 3), ("contiguous", True, (12, -1), 3), ("contiguous", True, (13, -1), 4),
+    ("contiguous", False, (0, 0), 1), ("contiguous", False, (2, 7), 4), ("contiguous", False, (-1, 3), 4),
+    ("zigzag", True, (2, -1), 4), ("zigzag", False, (0, 0), 1), ("zigzag", True, (-1, -1), 4),
+])
+def test_ring_steps_end_where_the_window_ends(sharding, causal, window, steps):
+    # World 4, 6 rows per rank (chunks of 3). Contiguous, causal: rank r's first query, at 6r,
+    # reaches back to 6r - left, which lies on rank r - 1 for left <= 6 (the ring's step 1), on
+    # r - 2 up to 12 (step 2), on r - 3 beyond. A two-sided window needs the rank after, which a
+    # one-way ring reaches last. Zigzag puts a rank's second chunk just before the previous
+    # rank's: any window crossing chunks needs the whole ring.
+    assert ring_steps(4, 6, causal, sharding, window) == steps
+
+
+def test_skipped_steps_launch_nothing():
+    # Contiguous, causal window of 2 over chunks of 3, world 4: rank r computes its own block in
+    # three pieces (both chunks, and the second chunk's first two rows against the first chunk's
+    # last keys) and, but for rank 0, one piece of rank r - 1's last chunk at step 1: 15 launches
+    # in 2 of the ring's 4 steps.
+    q, k, v, _, _ = _full_problem()
+    with _Counts() as counts:
+        out = simulate(q, k, v, 4, causal=True, sharding="contiguous", window_size=(2, -1))
+    assert counts.launches["forward"] == 15
+    torch.testing.assert_close(out, attention_reference(q, k, v, None, True, window_size=(2, -1))[0])

@@ -147,6 +147,24 @@ def _window_plan(rank, source, world, local_len, sharding, window) -> list[_Piec
     return pieces
 
 
+def ring_steps(world: int, local_len: int, causal: bool = False, sharding: str = "zigzag",
+               window_size=(-1, -1)) -> int:
+    """How many K/V blocks the ring visits: at step i every rank holds the block rank - i started
+    with, and the ring stops after the last step at which some rank has something to compute. A
+    window that reaches back (or ahead) fewer ranks than the ring holds ends it early: the later
+    steps exchange nothing and launch nothing (contiguous sharding keeps each rank's neighbours
+    adjacent; zigzag puts every rank's second chunk next to the previous rank's, so a window needs
+    the whole ring there)."""
+    _check_sharding(sharding)
+    _check_world("fattn.ring.ring_steps", world)
+    window = tuple(window_size)
+    last = 0
+    for i in range(world):
+        if any(_plan(r, (r - i) % world, world, local_len, causal, sharding, window) for r in range(world)):
+            last = i
+    return last + 1
+
+
 # ---------------------------------------------------------------- communication
 
 class _Ring:
@@ -156,17 +174,21 @@ class _Ring:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group else (self.rank + 1) % self.world
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group else (self.rank - 1) % self.world
         self.p2p_ops = 0  # posted so far; tests check it against the design
 
-    def exchange(self, tensors: list[torch.Tensor]):
-        """Posts send(tensors -> next) and recv(<- prev); returns (received, handles)."""
-        if self.world == 1:  # a rank is its own neighbour: nothing travels
+    def _global(self, rank: int) -> int:
+        return dist.get_global_rank(self.group, rank) if self.group else rank
+
+    def exchange(self, tensors: list[torch.Tensor], offset: int = 1):
+        """Posts send(tensors -> rank + offset) and recv(<- rank - offset), ring neighbours by
+        default; returns (received, handles)."""
+        offset %= self.world
+        if offset == 0:  # a rank is its own neighbour: nothing travels
             return list(tensors), []
+        to, frm = self._global((self.rank + offset) % self.world), self._global((self.rank - offset) % self.world)
         received = [torch.empty_like(t) for t in tensors]
-        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
-        ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
+        ops = [dist.P2POp(dist.isend, t, to, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, r, frm, self.group) for r in received]
         self.p2p_ops += len(ops)
         return received, dist.batch_isend_irecv(ops)
 
@@ -210,8 +232,9 @@ def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap):
 def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
     causal, softmax_scale, sharding, window, softcap = settings
     acc = _new_accumulator(q, sinks)
-    for i in range(ring.world):
-        pending = ring.exchange([k, v]) if i < ring.world - 1 else None
+    steps = ring_steps(ring.world, q.shape[1], causal, sharding, window)
+    for i in range(steps):
+        pending = ring.exchange([k, v]) if i < steps - 1 else None
         source = (ring.rank - i) % ring.world
         pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
         _forward_step(acc, q, k, v, pieces, softmax_scale, softcap)
@@ -227,8 +250,9 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
     acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     dq = torch.zeros_like(q, dtype=acc_dtype)
     dkv_pending = None
-    for i in range(ring.world):
-        kv_pending = ring.exchange([k, v]) if i < ring.world - 1 else None
+    steps = ring_steps(ring.world, q.shape[1], causal, sharding, window)
+    for i in range(steps):
+        kv_pending = ring.exchange([k, v]) if i < steps - 1 else None
         source = (ring.rank - i) % ring.world
         dk = torch.zeros_like(k, dtype=acc_dtype)
         dv = torch.zeros_like(v, dtype=acc_dtype)
@@ -246,8 +270,9 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
             _wait(dkv_pending[1])
             dk += dkv_pending[0][0]
             dv += dkv_pending[0][1]
-        # Pass it on; after `world` steps each accumulator is back with its owner.
-        dkv_pending = ring.exchange([dk, dv])
+        # Pass it on to the next rank; after the last step, straight back to the block's owner,
+        # rank - (steps - 1) (the next rank, when the ring went all the way round).
+        dkv_pending = ring.exchange([dk, dv], 1 if i < steps - 1 else 1 - steps)
         if kv_pending:
             _wait(kv_pending[1])
             k, v = kv_pending[0]
@@ -321,8 +346,10 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, 
     out shard (and its lse, float32 [batch, heads, seqlen / world], differentiable).
     window_size and softcap mean what they mean in flash_attn_func, over the global positions
     (the window crosses shards); so do sinks (float32 [heads], counted once per row; the gradient
-    reaching them is this rank's rows' share). Works with NCCL (one process per GPU, e.g. under torchrun)
-    and gloo (CPU tensors).
+    reaching them is this rank's rows' share). A window that spans fewer ranks than the group
+    ends the ring early (`ring_steps`): K/V blocks stop travelling once no rank further on sees
+    them, which contiguous sharding allows for windows (zigzag needs the whole ring). Works with
+    NCCL (one process per GPU, e.g. under torchrun) and gloo (CPU tensors).
     """
     _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks)
     settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap))
@@ -345,7 +372,7 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
                          f"holds matching q and k/v shards), got {k.shape[1]} and {v.shape[1]}")
     qs, ks, vs = ([shard(t, world, r, sharding) for r in range(world)] for t in (q, k, v))
     accs = [_new_accumulator(qs[r], sinks) for r in range(world)]
-    for i in range(world):
+    for i in range(ring_steps(world, qs[0].shape[1], causal, sharding, window_size)):
         for r in range(world):
             source = (r - i) % world
             pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size))

@@ -6,7 +6,8 @@ kvcache: KV caches in every layout and decode's accuracy rule;
 samples: one sample_inputs generator per op, and running an op on fake tensors;
 library: the stable-ABI contract of a built libfattn.so;
 compile: telling a recompile from a first compile under torch.compile;
-interpreter: running a kernel script under Triton's interpreter.
+interpreter: running a kernel script under Triton's interpreter;
+ring: the ring schedule's designed point-to-point traffic.
 """
 
 from .common import (
@@ -15,6 +16,7 @@ from .common import (
 )
 from .compile import recompiles_forbidden
 from .interpreter import run_interpreted
+from .ring import designed_p2p_ops
 from .kvcache import (
     CACHE_LAYOUTS, CACHE_OPTION_CASES, KVCache, cache_option_case_id, check_outputs, new_tokens, references,
     rotated_keys, run_cache_option_case, run_decode, seqlens_tensor,

@@ -1,5 +1,6 @@
-"""Ring attention on several GPUs over NCCL, one process per GPU under torchrun
-(skipped without 2 GPUs). The checks themselves live in ring_gpu_worker.py."""
+"""Ring attention on several GPUs over NCCL, one process per GPU under torchrun (skipped without
+2 GPUs; the checks themselves live in ring_gpu_worker.py), and the ring's schedule simulated on one
+GPU (fattn.ring.simulate)."""
 
 import os
 import subprocess
@@ -25,3 +26,33 @@ def test_ring_on_gpus_matches_float64_reference(world):
     print(result.stdout[-4000:])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("all ring checks passed") == world
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("variant", [dict(causal=True), dict(causal=True, window_size=(300, -1)),
+                                     dict(window_size=(100, 400), softcap=30.0), dict(causal=True, sinks=True)],
+                         ids=["causal", "window", "two-sided-softcap", "sinks"])
+def test_simulated_ring_on_one_gpu_meets_the_2x_rule(world, sharding, variant):
+    # fattn.ring.simulate: every virtual rank's steps, in ring order, on one GPU (bf16), against
+    # the float64 reference with the 2x rule. Chunks of 128 rows: every window crosses chunks.
+    from fattn import ring
+    from fattn.reference import attention_reference
+
+    variant = dict(variant)
+    g = torch.Generator(device="cuda").manual_seed(world)
+    n, h, hk, d = 256 * world, 8, 2, 128
+    q = torch.randn(2, n, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, n, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    if variant.pop("sinks", False):
+        variant["sinks"] = torch.randn(h, device="cuda", generator=g)
+    causal = variant.pop("causal", False)
+    out, lse = ring.simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True, **variant)
+    ref, ref_lse = attention_reference(q.double(), k.double(), v.double(), None, causal, **variant)
+    low, _ = attention_reference(q, k, v, None, causal, dtype=torch.bfloat16, **variant)
+    err = (out.double() - ref).abs().max().item()
+    base = (low.double() - ref).abs().max().item()
+    assert err <= 2 * base + 1e-5, f"out error {err:.3e} > 2 x torch's bf16 error {base:.3e}"
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-3

@@ -63,9 +63,9 @@ def main():
                         sh(q), sh(k), sh(v), sh(w_out), sh(w_lse, 2))
             ring._Ring.__init__ = original
             posted = sum(r.p2p_ops for r in rings)  # the forward's ring and the backward's
-            # The steps the window needs (all of them but for one-sided windows over contiguous
-            # shards in worlds past 2), and the traffic they are designed to post.
-            expected = designed_p2p_ops(world, ring.ring_steps(world, n // world, causal, sharding, window))
+            # The hops the window needs each way (fattn.ring.ring_schedule) and the traffic they are
+            # designed to post.
+            expected = designed_p2p_ops(*ring.ring_schedule(world, n // world, causal, sharding, window))
             what = f"{sharding} causal={causal} window={window} softcap={softcap} sinks={with_sinks}"
             if posted != expected:
                 failures.append(f"{what}: {posted} P2P ops, designed {expected}")

@@ -13,18 +13,23 @@ import fattn
 from fattn.reference import attention_reference
 from helpers import designed_p2p_ops
 import fattn.ring as ring_module
-from fattn.ring import _plan, ring_steps, shard, simulate, unshard
+from fattn.ring import _blocks_at, _plan, ring_schedule, shard, simulate, unshard
 
 BATCH, SEQLEN, HEADS, KV_HEADS, HEAD_DIM = 2, 24, 4, 2, 16  # 24 is divisible by 2 * world for 2, 3, 4
 
 
-def _full_problem(seed=0):
+def _seqlen(world):
+    """24 rows, or 6 per rank past world 4 (chunks of 3, as at world 4)."""
+    return SEQLEN if world <= 4 else 6 * world
+
+
+def _full_problem(seed=0, seqlen=SEQLEN):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(BATCH, SEQLEN, HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
-    k = torch.randn(BATCH, SEQLEN, KV_HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
-    v = torch.randn(BATCH, SEQLEN, KV_HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
-    w_out = torch.randn(BATCH, SEQLEN, HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
-    w_lse = torch.randn(BATCH, HEADS, SEQLEN, generator=g, dtype=torch.float64)
+    q = torch.randn(BATCH, seqlen, HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    k = torch.randn(BATCH, seqlen, KV_HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    v = torch.randn(BATCH, seqlen, KV_HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    w_out = torch.randn(BATCH, seqlen, HEADS, HEAD_DIM, generator=g, dtype=torch.float64)
+    w_lse = torch.randn(BATCH, HEADS, seqlen, generator=g, dtype=torch.float64)
     return q, k, v, w_out, w_lse
 
 
@@ -65,7 +70,7 @@ class _Counts:
 
 
 def _check_rank(rank, world):
-    q, k, v, w_out, w_lse = _full_problem()
+    q, k, v, w_out, w_lse = _full_problem(seqlen=_seqlen(world))
     sink_values = torch.linspace(-1.0, 1.5, HEADS)
     for causal, window, softcap, with_sinks in RING_VARIANTS:
         for sharding in ("zigzag", "contiguous"):
@@ -88,11 +93,12 @@ def _check_rank(rank, world):
             # The steps the schedule runs, the P2P ops they post and the kernels they launch: none
             # for a step whose block no query of this rank sees, and no step after the last one
             # any rank needs.
-            local_len = SEQLEN // world
-            steps = ring_steps(world, local_len, causal, sharding, window)
-            pieces = sum(len(_plan(rank, (rank - i) % world, world, local_len, causal, sharding, window))
-                         for i in range(steps))
-            assert counts.p2p_ops == designed_p2p_ops(world, steps), f"{what}: {counts.p2p_ops} P2P ops"
+            local_len = _seqlen(world) // world
+            behind, ahead = ring_schedule(world, local_len, causal, sharding, window)
+            pieces = sum(len(_plan(rank, source, world, local_len, causal, sharding, window))
+                         for step in range(max(behind, ahead) + 1)
+                         for source, _, _ in _blocks_at(step, rank, world, behind, ahead, None, None, None))
+            assert counts.p2p_ops == designed_p2p_ops(behind, ahead), f"{what}: {counts.p2p_ops} P2P ops"
             assert counts.launches == {"forward": pieces, "backward": pieces}, f"{what}: {counts.launches}"
             if with_sinks:  # each rank's share of the sinks' gradient; summed, the whole
                 dsinks = sinks.grad.clone()
@@ -148,7 +154,9 @@ def _spawn(world, check_name):
             pytest.fail("\n".join(reports) or "a worker failed")
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])  # 1: a rank that is its own neighbour sends nothing
+# 1: a rank that is its own neighbour sends nothing; 8: blocks travel both ways over several hops
+# (two-sided windows over contiguous shards, causal windows over zigzag ones).
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_ring_matches_single_process_attention(world):
     _spawn(world, "ring")
 
@@ -179,26 +187,31 @@ def test_simulate_matches_full_attention(world, window, causal, sharding):
     torch.testing.assert_close(lse, want_lse)
 
 
-@pytest.mark.parametrize("sharding, causal, window, steps", [
-    ("contiguous", True, (-1, -1), 4), ("contiguous", True, (2, -1), 2), ("contiguous", True, (4, -1), 2),
-    ("contiguous", True, (7, -1), 3), ("contiguous", True, (12, -1), 3), ("contiguous", True, (13, -1), 4),
-    ("contiguous", False, (0, 0), 1), ("contiguous", False, (2, 7), 4), ("contiguous", False, (-1, 3), 4),
-    ("zigzag", True, (2, -1), 4), ("zigzag", False, (0, 0), 1), ("zigzag", True, (-1, -1), 4),
+@pytest.mark.parametrize("world, sharding, causal, window, schedule", [
+    (4, "contiguous", True, (-1, -1), (3, 0)), (4, "contiguous", True, (2, -1), (1, 0)),
+    (4, "contiguous", True, (4, -1), (1, 0)), (4, "contiguous", True, (7, -1), (2, 0)),
+    (4, "contiguous", True, (12, -1), (2, 0)), (4, "contiguous", True, (13, -1), (3, 0)),
+    (4, "contiguous", False, (0, 0), (0, 0)), (4, "contiguous", False, (-1, 3), (3, 0)),
+    (4, "contiguous", False, (2, 7), (3, 0)), (8, "contiguous", False, (2, 7), (1, 2)),
+    (4, "zigzag", True, (2, -1), (1, 1)), (3, "zigzag", True, (2, -1), (2, 0)), (8, "zigzag", True, (7, -1), (3, 3)),
+    (4, "zigzag", False, (0, 0), (0, 0)), (4, "zigzag", True, (-1, -1), (3, 0)),
 ])
-def test_ring_steps_end_where_the_window_ends(sharding, causal, window, steps):
-    # World 4, 6 rows per rank (chunks of 3). Contiguous, causal: rank r's first query, at 6r,
-    # reaches back to 6r - left, which lies on rank r - 1 for left <= 6 (the ring's step 1), on
-    # r - 2 up to 12 (step 2), on r - 3 beyond. A two-sided window needs the rank after, which a
-    # one-way ring reaches last. Zigzag puts a rank's second chunk just before the previous
-    # rank's: any window crossing chunks needs the whole ring.
-    assert ring_steps(4, 6, causal, sharding, window) == steps
+def test_ring_schedule_ends_where_the_window_ends(world, sharding, causal, window, schedule):
+    # 6 rows per rank (chunks of 3). Contiguous, causal: rank r's first query, at 6r, reaches back
+    # to 6r - left, which lies on rank r - 1 for left <= 6, on r - 2 up to 12, on r - 3 beyond: the
+    # hops its K/V block must make forward. A two-sided window also needs the ranks after: past
+    # world 4, sending blocks both ways takes fewer hops (1 + 2 for a right edge of 7 at world 8)
+    # than the one-way ring (7). Zigzag puts each rank's second chunk next to the previous rank's
+    # first: a small causal window needs one hop each way (at world 3, two hops one way tie and
+    # the one-way ring is kept). Full attention keeps the one-way ring.
+    assert ring_schedule(world, 6, causal, sharding, window) == schedule
 
 
 def test_skipped_steps_launch_nothing():
     # Contiguous, causal window of 2 over chunks of 3, world 4: rank r computes its own block in
     # three pieces (both chunks, and the second chunk's first two rows against the first chunk's
     # last keys) and, but for rank 0, one piece of rank r - 1's last chunk at step 1: 15 launches
-    # in 2 of the ring's 4 steps.
+    # in 2 steps (a one-way ring of all 4 would not add any).
     q, k, v, _, _ = _full_problem()
     with _Counts() as counts:
         out = simulate(q, k, v, 4, causal=True, sharding="contiguous", window_size=(2, -1))

@@ -147,22 +147,29 @@ def _window_plan(rank, source, world, local_len, sharding, window) -> list[_Piec
     return pieces
 
 
-def ring_steps(world: int, local_len: int, causal: bool = False, sharding: str = "zigzag",
-               window_size=(-1, -1)) -> int:
-    """How many K/V blocks the ring visits: at step i every rank holds the block rank - i started
-    with, and the ring stops after the last step at which some rank has something to compute. A
-    window that reaches back (or ahead) fewer ranks than the ring holds ends it early: the later
-    steps exchange nothing and launch nothing (contiguous sharding keeps each rank's neighbours
-    adjacent; zigzag puts every rank's second chunk next to the previous rank's, so a window needs
-    the whole ring there)."""
+def ring_schedule(world: int, local_len: int, causal: bool = False, sharding: str = "zigzag",
+                  window_size=(-1, -1)) -> tuple[int, int]:
+    """(behind, ahead): how far each rank's K/V block travels, forward (to the next rank, up to
+    `behind` hops: the ranks whose queries follow it) and backward (to the previous rank, up to
+    `ahead` hops). Every rank evaluates every rank's plans, arithmetic on the settings that gives
+    the same answer everywhere, and the schedule covers each (rank, block) pair with work in the
+    fewest hops: full attention keeps the one-way ring (world - 1 hops behind); a window stops it
+    where the window ends, and one that needs blocks on both sides (zigzag shards, where each
+    rank's second chunk neighbours the previous rank's, or a two-sided window) sends blocks both
+    ways, max(behind, ahead) steps after the rank's own block."""
     _check_sharding(sharding)
-    _check_world("fattn.ring.ring_steps", world)
+    _check_world("fattn.ring.ring_schedule", world)
     window = tuple(window_size)
-    last = 0
-    for i in range(world):
-        if any(_plan(r, (r - i) % world, world, local_len, causal, sharding, window) for r in range(world)):
-            last = i
-    return last + 1
+    # need[o]: some rank computes against the block of the rank o places before it.
+    need = [any(_plan(r, (r - o) % world, world, local_len, causal, sharding, window) for r in range(world))
+            for o in range(world)]
+    best = None
+    for behind in range(world):
+        ahead = max((world - o for o in range(behind + 1, world) if need[o]), default=0)
+        key = (behind + ahead, ahead > 0, max(behind, ahead))  # fewest hops, then the one-way ring
+        if best is None or key < best[0]:
+            best = (key, behind, ahead)
+    return best[1], best[2]
 
 
 # ---------------------------------------------------------------- communication
@@ -229,55 +236,95 @@ def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap):
         _accumulate(acc[0], acc[1], piece.q_rows, part_out, part_lse)
 
 
+def _blocks_at(step, rank, world, behind, ahead, own, forward, backward):
+    """(source, direction, (k, v)) of the blocks a rank computes with at `step`: its own at step 0
+    (direction 0), then the one travelling forward (+1, from rank - step) and the one travelling
+    backward (-1, from rank + step) while each still has hops to make."""
+    if step == 0:
+        return [(rank, 0, own)]
+    blocks = [((rank - step) % world, 1, forward)] if step <= behind else []
+    return blocks + ([((rank + step) % world, -1, backward)] if step <= ahead else [])
+
+
 def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
     causal, softmax_scale, sharding, window, softcap = settings
     acc = _new_accumulator(q, sinks)
-    steps = ring_steps(ring.world, q.shape[1], causal, sharding, window)
-    for i in range(steps):
-        pending = ring.exchange([k, v]) if i < steps - 1 else None
-        source = (ring.rank - i) % ring.world
-        pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
-        _forward_step(acc, q, k, v, pieces, softmax_scale, softcap)
-        if pending:
-            _wait(pending[1])
-            k, v = pending[0]
+    behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
+    forward = backward = (k, v)
+    for step in range(max(behind, ahead) + 1):
+        # The next hop of each travelling block is posted before this step's kernels.
+        to_next = ring.exchange(list(forward), 1) if step < behind else None
+        to_prev = ring.exchange(list(backward), -1) if step < ahead else None
+        for source, _, (kk, vv) in _blocks_at(step, ring.rank, ring.world, behind, ahead, (k, v), forward,
+                                              backward):
+            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
+            _forward_step(acc, q, kk, vv, pieces, softmax_scale, softcap)
+        if to_next:
+            _wait(to_next[1])
+            forward = tuple(to_next[0])
+        if to_prev:
+            _wait(to_prev[1])
+            backward = tuple(to_prev[0])
     out, lse = acc
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
+def _block_gradients(dout, dlse, q, k, v, out, lse, pieces, dq, settings, deterministic, acc_dtype):
+    """dK, dV of one K/V block from this rank's queries (dq accumulates in place)."""
+    _, softmax_scale, _, _, softcap = settings
+    dk = torch.zeros_like(k, dtype=acc_dtype)
+    dv = torch.zeros_like(v, dtype=acc_dtype)
+    for piece in pieces:
+        r, c = piece.q_rows, piece.kv_rows
+        dq_p, dk_p, dv_p, _ = _backward_op(
+            dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
+            None if dlse is None else dlse[:, :, r], softmax_scale, False, deterministic,
+            piece.window_left, piece.window_right, softcap)
+        dq[:, r] += dq_p
+        dk[:, c] += dk_p
+        dv[:, c] += dv_p
+    return dk, dv
+
+
 def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, deterministic):
-    causal, softmax_scale, sharding, window, softcap = settings
+    causal, _, sharding, window, _ = settings
     acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     dq = torch.zeros_like(q, dtype=acc_dtype)
-    dkv_pending = None
-    steps = ring_steps(ring.world, q.shape[1], causal, sharding, window)
-    for i in range(steps):
-        kv_pending = ring.exchange([k, v]) if i < steps - 1 else None
-        source = (ring.rank - i) % ring.world
-        dk = torch.zeros_like(k, dtype=acc_dtype)
-        dv = torch.zeros_like(v, dtype=acc_dtype)
-        for piece in _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window):
-            r, c = piece.q_rows, piece.kv_rows
-            dq_p, dk_p, dv_p, _ = _backward_op(
-                dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
-                None if dlse is None else dlse[:, :, r], softmax_scale, False, deterministic,
-                piece.window_left, piece.window_right, softcap)
-            dq[:, r] += dq_p
-            dk[:, c] += dk_p
-            dv[:, c] += dv_p
-        if dkv_pending is not None:
-            # The accumulator of this block, from the ranks that saw it before us.
-            _wait(dkv_pending[1])
-            dk += dkv_pending[0][0]
-            dv += dkv_pending[0][1]
-        # Pass it on to the next rank; after the last step, straight back to the block's owner,
-        # rank - (steps - 1) (the next rank, when the ring went all the way round).
-        dkv_pending = ring.exchange([dk, dv], 1 if i < steps - 1 else 1 - steps)
-        if kv_pending:
-            _wait(kv_pending[1])
-            k, v = kv_pending[0]
-    _wait(dkv_pending[1])
-    dk, dv = dkv_pending[0]
+    behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
+    forward = backward = (k, v)
+    # The dK/dV accumulator of each travelling block follows it, gathering the gradient of every
+    # rank it visits, and after its last hop goes straight back to the block's owner.
+    arriving = {1: None, -1: None}  # direction -> the accumulator posted to reach this rank
+    own = None
+    for step in range(max(behind, ahead) + 1):
+        to_next = ring.exchange(list(forward), 1) if step < behind else None
+        to_prev = ring.exchange(list(backward), -1) if step < ahead else None
+        blocks = _blocks_at(step, ring.rank, ring.world, behind, ahead, (k, v), forward, backward)
+        for source, direction, (kk, vv) in blocks:
+            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
+            dk, dv = _block_gradients(dout, dlse, q, kk, vv, out, lse, pieces, dq, settings, deterministic, acc_dtype)
+            if direction == 0:
+                own = [dk, dv]
+                continue
+            hops = behind if direction == 1 else ahead
+            if arriving[direction] is not None:  # what the ranks before this one on its way added
+                _wait(arriving[direction][1])
+                dk += arriving[direction][0][0]
+                dv += arriving[direction][0][1]
+            last = step == hops
+            arriving[direction] = ring.exchange([dk, dv], direction * (-hops if last else 1))
+        if to_next:
+            _wait(to_next[1])
+            forward = tuple(to_next[0])
+        if to_prev:
+            _wait(to_prev[1])
+            backward = tuple(to_prev[0])
+    dk, dv = own
+    for pending in arriving.values():  # this rank's own block, home from each direction
+        if pending is not None:
+            _wait(pending[1])
+            dk += pending[0][0]
+            dv += pending[0][1]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -347,9 +394,9 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, 
     window_size and softcap mean what they mean in flash_attn_func, over the global positions
     (the window crosses shards); so do sinks (float32 [heads], counted once per row; the gradient
     reaching them is this rank's rows' share). A window that spans fewer ranks than the group
-    ends the ring early (`ring_steps`): K/V blocks stop travelling once no rank further on sees
-    them, which contiguous sharding allows for windows (zigzag needs the whole ring). Works with
-    NCCL (one process per GPU, e.g. under torchrun) and gloo (CPU tensors).
+    shortens the ring (`ring_schedule`): K/V blocks travel only as far as some rank's queries see
+    them, both ways when the window reaches ranks on both sides (zigzag shards, two-sided
+    windows). Works with NCCL (one process per GPU, e.g. under torchrun) and gloo (CPU tensors).
     """
     _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks)
     settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap))
@@ -372,11 +419,12 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
                          f"holds matching q and k/v shards), got {k.shape[1]} and {v.shape[1]}")
     qs, ks, vs = ([shard(t, world, r, sharding) for r in range(world)] for t in (q, k, v))
     accs = [_new_accumulator(qs[r], sinks) for r in range(world)]
-    for i in range(ring_steps(world, qs[0].shape[1], causal, sharding, window_size)):
+    behind, ahead = ring_schedule(world, qs[0].shape[1], causal, sharding, window_size)
+    for step in range(max(behind, ahead) + 1):
         for r in range(world):
-            source = (r - i) % world
-            pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size))
-            _forward_step(accs[r], qs[r], ks[source], vs[source], pieces, softmax_scale, softcap)
+            for source, _, _ in _blocks_at(step, r, world, behind, ahead, None, None, None):
+                pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size))
+                _forward_step(accs[r], qs[r], ks[source], vs[source], pieces, softmax_scale, softcap)
     out = unshard([a[0].to(q.dtype) for a in accs], sharding)
     lse = unshard([a[1] for a in accs], sharding, dim=2)
     return (out, lse.to(lse_dtype(q.dtype))) if return_lse else out

@@ -2,10 +2,10 @@
 tests hold the implementation to."""
 
 
-def designed_p2p_ops(world: int, steps: int) -> int:
-    """P2P ops one rank posts for a forward and a backward (sends plus receives) when the ring runs
-    `steps` steps (fattn.ring.ring_steps): k and v at every step but the last, in each pass; dk
-    and dv to the next rank at every step but the last, then straight back to their owner (no
-    hop when the ring never left it)."""
-    home = 4 if (1 - steps) % world else 0
-    return 4 * (steps - 1) + 4 * (steps - 1) + 4 * (steps - 1) + home
+def designed_p2p_ops(behind: int, ahead: int) -> int:
+    """P2P ops one rank posts for a forward and a backward (sends plus receives) under the schedule
+    fattn.ring.ring_schedule gives: each hop of a K/V block moves k and v (4 ops) in the forward and
+    again in the backward, and the block's dK/dV accumulator makes the same number of hops (it
+    starts one rank on, and its last hop goes straight back to the owner)."""
+    hops = behind + ahead
+    return 4 * hops + 4 * hops + 4 * hops

@@ -27,6 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
+from .common import (
+    key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds,
+    visible_key_range,
+)
 from .forward import ATTN_FWD
 from .spec import KernelSpec
 
@@ -35,56 +39,23 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _sequence_span(CuSeqlens, Seqused, batch, seqlen, use_cu_seqlens, use_seqused):
-    """common.sequence_span: (start, length) of sequence `batch`."""
-    start = 0
-    length = seqlen
-    if use_cu_seqlens != 0:
-        start = gl.load(CuSeqlens + batch)
-        length = gl.load(CuSeqlens + batch + 1) - start
-    if use_seqused != 0:
-        length = gl.load(Seqused + batch)
-    return start, length
-
-
-@gluon.jit
-def _visible_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right, every_tile,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """common.visible_key_range and tile_loop_bounds as a tile schedule: (lo, full_lo, full_hi,
+def _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right, every_tile,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """attn_fwd's key tiles for the query tile at start_m as one sequence: (lo, full_lo, full_hi,
     n_full, n_tiles). Tile i < n_full starts at key full_lo + i * BLOCK_N and needs no mask; the
     others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start)."""
-    diagonal = seqlen_k - seqlen_q
-    last_m = start_m + BLOCK_M - 1
-    hi = seqlen_k
-    lo = 0
-    full_lo = 0
-    full_hi = seqlen_k
-    if window_right >= 0:
-        hi = gl.minimum(gl.maximum(last_m + diagonal + window_right + 1, 0), seqlen_k)
-        full_hi = gl.minimum(gl.maximum(start_m + diagonal + window_right + 1, 0), seqlen_k)
-    if window_left >= 0:
-        lo = gl.minimum(gl.maximum(start_m + diagonal - window_left, 0), hi)
-        full_lo = gl.maximum(last_m + diagonal - window_left, 0)
-    if start_m >= seqlen_q:
-        hi = 0
-    lo = gl.minimum(lo, hi) // BLOCK_N * BLOCK_N
-    hi_tiles = gl.cdiv(hi, BLOCK_N) * BLOCK_N
-    full_lo = gl.minimum(gl.cdiv(full_lo, BLOCK_N) * BLOCK_N, hi_tiles)
-    full_hi = gl.maximum(gl.minimum((full_hi // BLOCK_N) * BLOCK_N, hi), full_lo)
-    if every_tile != 0:  # common.mask_every_tile
-        full_lo = hi_tiles
-        full_hi = hi_tiles
+    lo, full_lo, full_hi, hi = visible_key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                 BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, every_tile)
+    start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, True)
     n_full = (full_hi - full_lo) // BLOCK_N
-    n_masked = (gl.maximum(full_lo - lo, 0) + gl.cdiv(gl.maximum(hi - full_hi, 0), BLOCK_N) * BLOCK_N) // BLOCK_N
-    return lo, full_lo, full_hi, n_full, n_full + n_masked
+    return lo, full_lo, full_hi, n_full, n_full + (stop - start) // BLOCK_N
 
 
 @gluon.jit
 def _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N: gl.constexpr):
-    """First key of the i-th visited tile (common.tile_at over the schedule of _visible_tiles)."""
-    masked = lo + (i - n_full) * BLOCK_N
-    masked = gl.where(masked < full_lo, masked, masked - full_lo + full_hi)
-    return gl.where(i < n_full, full_lo + i * BLOCK_N, masked)
+    """First key of the i-th tile of _key_tiles' sequence."""
+    return gl.where(i < n_full, full_lo + i * BLOCK_N, tile_at(lo + (i - n_full) * BLOCK_N, full_lo, full_hi, True))
 
 
 @gluon.jit
@@ -112,12 +83,6 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
 
 
 @gluon.jit
-def _softcap_tanh(x):
-    """common.softcap_tanh: one tanh.approx.f32."""
-    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
 def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
             qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD: gl.constexpr):
     """The tile's scores, -inf where masked (tiles past the unmasked ones): forward.py's
@@ -126,18 +91,13 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
     log2 domain."""
     cols = start_n + offs_n
     if SCORE_MOD:
-        s = s * qk_scale
-        if softcap_log2 > 0:
-            s = softcap_log2 * _softcap_tanh(s)
-        s -= alibi_log2 * gl.abs(rows[:, None] + diagonal - cols[None, :]).to(gl.float32)
+        s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
         s = s * qk_scale
     if i >= n_full:
-        lo = gl.where(window_left >= 0, rows + diagonal - window_left, 0)
-        hi = gl.where(window_right >= 0, rows + diagonal + window_right, seqlen_k - 1)
-        visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]) & (cols[None, :] < seqlen_k)
+        visible = key_visible(rows[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
         if use_segments != 0:
-            kv_seg = gl.load(kv_seg_base + cols, mask=cols < seqlen_k, other=0)
+            kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
         s = gl.where(visible, s, float("-inf"))
     return s
@@ -187,9 +147,7 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
             softmax_scale = qk_scale
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     diagonal = seqlen_k - seqlen_q
-    q_seg = gl.zeros([HALF_M], gl.int32, layout=row_layout)
-    if use_segments != 0:
-        q_seg = gl.load(q_seg_base + rows, mask=rows < seqlen_q, other=0)
+    q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
 
     # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 at m = its logit.
     m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_layout)
@@ -298,8 +256,8 @@ def attn_fwd_sm90(
     head = gl.program_id(1)
     batch = gl.program_id(2).to(gl.int64)
     kv_head = head // kv_group_size
-    q_start, seqlen_q = _sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
-    k_start, seqlen_k = _sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
+    q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
+    k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
     start_m = pid_m * BLOCK_M
 
     swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
@@ -331,8 +289,8 @@ def attn_fwd_sm90(
         mbarrier.init(k_empty.index(b), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(b), count=2)
 
-    lo, full_lo, full_hi, n_full, n_tiles = _visible_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                           use_segments, BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                       use_segments, BLOCK_M, BLOCK_N)
     alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
     if SCORE_MOD:
         if use_alibi != 0:

@@ -205,6 +205,14 @@ def _wait(handles) -> None:
         h.wait()
 
 
+def _arrived(pending, block):
+    """The block an exchange posted this step brings, once it is in; `block` if none was posted."""
+    if pending is None:
+        return block
+    _wait(pending[1])
+    return tuple(pending[0])
+
+
 # ---------------------------------------------------------------- forward and backward
 
 def _accumulate(acc_out, acc_lse, rows, part_out, part_lse):
@@ -259,12 +267,7 @@ def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
                                               backward):
             pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
             _forward_step(acc, q, kk, vv, pieces, softmax_scale, softcap)
-        if to_next:
-            _wait(to_next[1])
-            forward = tuple(to_next[0])
-        if to_prev:
-            _wait(to_prev[1])
-            backward = tuple(to_prev[0])
+        forward, backward = _arrived(to_next, forward), _arrived(to_prev, backward)
     out, lse = acc
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
@@ -313,12 +316,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
                 dv += arriving[direction][0][1]
             last = step == hops
             arriving[direction] = ring.exchange([dk, dv], direction * (-hops if last else 1))
-        if to_next:
-            _wait(to_next[1])
-            forward = tuple(to_next[0])
-        if to_prev:
-            _wait(to_prev[1])
-            backward = tuple(to_prev[0])
+        forward, backward = _arrived(to_next, forward), _arrived(to_prev, backward)
     dk, dv = own
     for pending in arriving.values():  # this rank's own block, home from each direction
         if pending is not None:

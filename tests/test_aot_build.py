@@ -270,15 +270,17 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
 
 def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
-    # sm_90, bucket 128, SCORE_MOD 0 and 1; every other attn_fwd variant is the family's own.
-    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128"}
+    # sm_90, buckets 128 and 256, SCORE_MOD 0 and 1, with its own tiles; every other attn_fwd
+    # variant is the family's own.
+    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in hopper} == {
-        (90, 128, mod, dtype) for mod in (0, 1) for dtype in ("fp16", "bf16")}
+        (90, d, mod, dtype) for d in (128, 256) for mod in (0, 1) for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
+    assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in hopper} == {128: 128, 256: 64}
     others = [v for v in variants if not v.implementation]
-    assert len(others) == len(variants) - 4 and all(v.source == "triton_src.forward" for v in others)
+    assert len(others) == len(variants) - 8 and all(v.source == "triton_src.forward" for v in others)
     # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
     assert {tuple(n for n, _ in v.constants) for v in variants} == {tuple(n for n, _ in hopper[0].constants)}
 

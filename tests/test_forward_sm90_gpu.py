@@ -1,5 +1,5 @@
 """The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
-sm_90 implementation for the 128 head-dim bucket, SCORE_MOD 0 and 1) on a Hopper GPU
+sm_90 implementation for the 128 and 256 head-dim buckets, SCORE_MOD 0 and 1) on a Hopper GPU
 (skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
 only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
@@ -30,31 +30,32 @@ def _kernels_launched(fn):
     return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
-@pytest.mark.parametrize("head_dim", [72, 96, 128])
+@pytest.mark.parametrize("head_dim", [72, 96, 128, 200, 256])
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
-def test_the_hopper_kernel_serves_the_128_bucket(head_dim, options):
+def test_the_hopper_kernel_serves_the_128_and_256_buckets(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     names = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
 
 
-@pytest.mark.parametrize("what", ["dropout", "head_dim 64", "head_dim 256"])
+@pytest.mark.parametrize("what", ["dropout", "head_dim 64", "head_dim 32"])
 def test_other_calls_stay_on_attn_fwd(what):
-    d = {"head_dim 64": 64, "head_dim 256": 256}.get(what, 128)
+    d = {"head_dim 64": 64, "head_dim 32": 32}.get(what, 128)
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     p = 0.1 if what == "dropout" else 0.0
     names = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p))
     assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("seqlen_q", [1, 63, 64, 65, 127, 129, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tile_halves_past_the_end(seqlen_q, dtype):
+def test_tile_halves_past_the_end(seqlen_q, dtype, head_dim):
     # The second consumer warpgroup's 64 rows start past seqlen_q for seqlen_q <= 64 (it stores
     # nothing), straddle it for 65..127; the rows after must stay untouched (poisoned).
     torch.manual_seed(seqlen_q)
-    q, k, v = make_qkv(2, seqlen_q, 777, 8, 2, 128, dtype, "cuda")
+    q, k, v = make_qkv(2, seqlen_q, 777, 8, 2, head_dim, dtype, "cuda")
     for causal in (False, True):
         out, lse = fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
         check_accuracy(out, lse, q, k, v, None, causal, f"seqlen_q {seqlen_q} causal {causal}")
@@ -71,7 +72,7 @@ def test_any_finite_softmax_scale(softmax_scale):
         check_accuracy(out, lse, q, k, v, softmax_scale, causal, f"scale {softmax_scale} causal {causal}")
 
 
-@pytest.mark.parametrize("head_dim", [72, 104, 128])
+@pytest.mark.parametrize("head_dim", [72, 104, 128, 136, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     # Row strides far from head_dim (views of a fused buffer, q transposed from [b, h, s, d]):
     # the device-side TMA descriptors take them as they are.

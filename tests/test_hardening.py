@@ -107,6 +107,8 @@ def test_ring_simulate_refuses_kv_of_another_length():
     (lambda q: fattn.ring.simulate(q, q, q, 0), "world must be an int >= 1, got 0"),
     (lambda q: fattn.ring.shard(q, 0, 0), "world must be an int >= 1, got 0"),
     (lambda q: fattn.ring.shard(q, 2, 2), r"rank 2 is not in \[0, world = 2\)"),
+    (lambda q: fattn.ring.ring_schedule(0, 8), "fattn.ring.ring_schedule: world must be an int >= 1, got 0"),
+    (lambda q: fattn.ring.ring_schedule(2, 8, sharding="striped"), "sharding must be one of"),
     (lambda q: fattn.flash_attn_func(q, q, q, window_size=4), "window_size must be a \\(left, right\\) pair"),
     (lambda q: fattn.flash_attn_with_kvcache(q[:, :1], q, q, window_size=4),
      "window_size must be a \\(left, right\\) pair"),

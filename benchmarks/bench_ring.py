@@ -1,18 +1,22 @@
 """Ring attention throughput per GPU against the single-GPU kernel, under torchrun.
 
     torchrun --nproc-per-node=4 benchmarks/bench_ring.py --out benchmarks/results/ring_h200x4.json
+    torchrun --nproc-per-node=4 benchmarks/bench_ring.py --windows=-1,4096   # full causal and a 4k window
     torchrun --nproc-per-node=2 benchmarks/bench_ring.py --device cpu --quick   # gloo smoke run
 
-Forward + backward, causal, bf16, zigzag: each GPU holds --tokens tokens of a sequence
-of world x --tokens. Rows (results schema of common.py, written by rank 0):
+Forward + backward, causal, bf16: each GPU holds --tokens tokens of a sequence of world x
+--tokens; --windows adds sliding windows (left size, right edge 0), run over contiguous shards
+(zigzag for full causal; --sharding overrides), so that the ring sends K/V only as far as the
+window reaches (fattn.ring.ring_schedule). Rows per window (results schema of common.py, written
+by rank 0):
 
   fattn_ring             fattn.ring_flash_attn_func over the whole sequence
   fattn_single_gpu       fattn.flash_attn_func at --tokens tokens on one GPU (the same kernels,
                          the same per-GPU sequence length), timed in the same run
   context_parallel_sdpa  PyTorch's context parallel SDPA on the same sizes, where available
 
-tflops is per GPU: the causal FLOPs of the sequence (forward + 2.5x for the backward)
-divided by the world size. The ring's row carries efficiency_vs_single_gpu (its TFLOP/s
+tflops is per GPU: the FLOPs of the visible (query, key) pairs of the sequence (forward + 2.5x
+for the backward) divided by the world size; context parallel SDPA runs full causal only. The ring's row carries efficiency_vs_single_gpu (its TFLOP/s
 over the single-GPU row's) and ratio_vs against context parallel SDPA (time ratio).
 Each rep starts after a barrier; the slowest rank's median counts.
 """
@@ -33,8 +37,15 @@ from common import Results, print_table, short_error, time_ms  # noqa: E402
 import fattn  # noqa: E402
 
 
-def causal_flops(batch, heads, seqlen, head_dim):
-    return 3.5 * 2 * batch * heads * seqlen * seqlen * head_dim  # (fwd 4*s^2*d / 2) * (1 + 2.5)
+def visible_pairs(seqlen, window_left):
+    """(query, key) pairs a causal mask with a left window (-1: none) leaves visible."""
+    if window_left < 0 or window_left >= seqlen:
+        return seqlen * (seqlen + 1) // 2
+    return seqlen * (window_left + 1) - window_left * (window_left + 1) // 2
+
+
+def flops(batch, heads, seqlen, head_dim, window_left=-1):
+    return 3.5 * 4 * batch * heads * visible_pairs(seqlen, window_left) * head_dim  # fwd 4*d a pair, bwd 2.5x
 
 
 def timed(fn, device):
@@ -75,12 +86,16 @@ def parse_args(argv=None):
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--windows", default="-1", help="left window sizes, comma-separated; -1: full causal")
+    parser.add_argument("--sharding", choices=["zigzag", "contiguous"], default=None,
+                        help="default: zigzag for full causal, contiguous for windows")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: gloo, float32")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (results schema of common.py)")
     args = parser.parse_args(argv)
     if args.quick:
         args.tokens, args.heads, args.head_dim = 64, 2, 16
+    args.windows = [int(w) for w in args.windows.split(",")]
     return args
 
 
@@ -97,26 +112,35 @@ def main(argv=None):
     dout = torch.randn_like(q)
 
     results = Results.start("ring", args, device)
-    case = {"world": world, "tokens_per_gpu": n, "heads": h, "head_dim": d, "batch": b, "causal": True,
-            "sharding": "zigzag", "dtype": str(dtype).removeprefix("torch.")}
-    ring = fwd_bwd(lambda q, k, v: fattn.ring_flash_attn_func(q, k, v, causal=True), q, k, v, dout)
-    single = fwd_bwd(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
-    ring_row = results.add(case, "fattn_ring", timed(ring, device), flops=causal_flops(b, h, n * world, d) / world)
-    single_row = results.add(case, "fattn_single_gpu", timed(single, device), flops=causal_flops(b, h, n, d))
-    ring_row["efficiency_vs_single_gpu"] = ring_row["tflops"] / single_row["tflops"]
-    if device == "cuda":  # context parallel SDPA needs CUDA; a rank that fails would hang the others
-        try:
-            cp_ms, error = timed(context_parallel_sdpa(b, h, n, d, world, device, dtype), device), None
-        except Exception as e:  # noqa: BLE001  (a torch without it: report, don't hide)
-            cp_ms, error = None, short_error(e, 300)
-        results.add(case, "context_parallel_sdpa", cp_ms, error, flops=causal_flops(b, h, n * world, d) / world)
-    results.compare(case, peers=["context_parallel_sdpa"], ours=["fattn_ring"])
+    summary = []
+    for left in args.windows:
+        window = (left, 0) if left >= 0 else (-1, -1)
+        sharding = args.sharding or ("contiguous" if left >= 0 else "zigzag")
+        case = {"world": world, "tokens_per_gpu": n, "heads": h, "head_dim": d, "batch": b, "causal": True,
+                "window_left": left, "sharding": sharding, "dtype": str(dtype).removeprefix("torch."),
+                "hops": list(fattn.ring.ring_schedule(world, n, True, sharding, window))}
+        ring = fwd_bwd(lambda q, k, v: fattn.ring_flash_attn_func(q, k, v, causal=True, window_size=window,
+                                                                  sharding=sharding), q, k, v, dout)
+        single = fwd_bwd(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=True, window_size=window),
+                         q, k, v, dout)
+        ring_row = results.add(case, "fattn_ring", timed(ring, device), flops=flops(b, h, n * world, d, left) / world)
+        single_row = results.add(case, "fattn_single_gpu", timed(single, device), flops=flops(b, h, n, d, left))
+        ring_row["efficiency_vs_single_gpu"] = ring_row["tflops"] / single_row["tflops"]
+        summary.append(f"window {left}: {ring_row['efficiency_vs_single_gpu']:.2f}")
+        if device == "cuda" and left < 0:  # context parallel SDPA needs CUDA; a rank that fails would hang the others
+            try:
+                cp_ms, error = timed(context_parallel_sdpa(b, h, n, d, world, device, dtype), device), None
+            except Exception as e:  # noqa: BLE001  (a torch without it: report, don't hide)
+                cp_ms, error = None, short_error(e, 300)
+            results.add(case, "context_parallel_sdpa", cp_ms, error, flops=flops(b, h, n * world, d) / world)
+            results.compare(case, peers=["context_parallel_sdpa"], ours=["fattn_ring"])
     if rank == 0:
         results.write(args.out)
-        print_table(["impl", "ms", "TFLOP/s per GPU", "error"],
-                    [[r["impl"], r["ms"], r["tflops"], r["error"]] for r in results.rows],
-                    title=f"ring attention, {world} ranks x {n} tokens, causal fwd+bwd; ring efficiency vs one GPU "
-                          f"{ring_row['efficiency_vs_single_gpu']:.2f}")
+        print_table(["impl", "window", "sharding", "hops", "ms", "TFLOP/s per GPU", "error"],
+                    [[r["impl"], r["window_left"], r["sharding"], r["hops"], r["ms"], r["tflops"], r["error"]]
+                     for r in results.rows],
+                    title=f"ring attention, {world} ranks x {n} tokens, causal fwd+bwd; ring efficiency vs one GPU: "
+                          + ", ".join(summary))
     dist.destroy_process_group()
 
 

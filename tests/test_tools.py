@@ -120,3 +120,18 @@ def test_check_bars_joins_runs_but_refuses_a_row_measured_twice(tmp_path):
     twice = subprocess.run([sys.executable, script, str(paths["small", "forward"]), str(paths["again", "forward"])],
                            capture_output=True, text=True, timeout=60)
     assert twice.returncode != 0 and "is in two runs" in twice.stderr, twice.stderr[-2000:]
+
+
+def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
+    # Two CPU processes (gloo) in --quick mode: the rows a multi-GPU run will write, with the ring's
+    # hops per window (contiguous shards by default for a window, as the ring wants them).
+    out = tmp_path / "ring.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(ROOT / "benchmarks" / "bench_ring.py"),
+           "--device", "cpu", "--quick", "--windows=-1,16", "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["impl"], r["window_left"], r["sharding"]) for r in rows} == {
+        (impl, w, s) for impl in ("fattn_ring", "fattn_single_gpu") for w, s in ((-1, "zigzag"), (16, "contiguous"))}
+    assert all(r["ms"] and r["hops"] == [1, 0] for r in rows), rows
+    assert all(r["efficiency_vs_single_gpu"] > 0 for r in rows if r["impl"] == "fattn_ring")

@@ -21,6 +21,7 @@ sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (every tile masked); con
 SCORE_MOD 2 (bias, dropout) on attn_fwd. The op guarantees what TMA needs: 16-byte aligned
 bases and row strides, head_dim a multiple of 8.
 """
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -105,9 +106,9 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
 
 @gluon.jit
 def _softmax(s, m_i, l_i, scale):
-    """common.softmax_step on the log2-domain scores s * scale (scale >= 0): (p, alpha, m_i, l_i).
+    """common.softmax_step on the log2-domain scores s * scale (scale > 0): (p, alpha, m_i, l_i).
     A row that has seen only -inf keeps m = -inf and is shifted by 0, so no NaN reaches p or alpha."""
-    m_new = gl.maximum(m_i, gl.max(s, 1) * scale)  # scale > 0: the max commutes with it
+    m_new = gl.maximum(m_i, gl.max(s, 1) * scale)  # the max commutes with a positive scale
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * scale - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)

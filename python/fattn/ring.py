@@ -16,6 +16,7 @@ Sharding, for causal attention of a sequence cut into 2 * world chunks:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -159,7 +160,13 @@ def ring_schedule(world: int, local_len: int, causal: bool = False, sharding: st
     ways, max(behind, ahead) steps after the rank's own block."""
     _check_sharding(sharding)
     _check_world("fattn.ring.ring_schedule", world)
-    window = tuple(window_size)
+    return _schedule(world, local_len, bool(causal), sharding, tuple(window_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(world, local_len, causal, sharding, window) -> tuple[int, int]:
+    """ring_schedule's answer, computed once per setting (world^2 plans: every forward and backward
+    call asks again)."""
     # need[o]: some rank computes against the block of the rank o places before it.
     need = [any(_plan(r, (r - o) % world, world, local_len, causal, sharding, window) for r in range(world))
             for o in range(world)]
@@ -211,6 +218,14 @@ def _arrived(pending, block):
         return block
     _wait(pending[1])
     return tuple(pending[0])
+
+
+def _add_arrived(pending, dk, dv) -> None:
+    """Adds the dK/dV accumulator an exchange brings (if one was posted) to dk, dv in place."""
+    if pending is not None:
+        dk_in, dv_in = _arrived(pending, None)
+        dk += dk_in
+        dv += dv_in
 
 
 # ---------------------------------------------------------------- forward and backward
@@ -310,19 +325,13 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
                 own = [dk, dv]
                 continue
             hops = behind if direction == 1 else ahead
-            if arriving[direction] is not None:  # what the ranks before this one on its way added
-                _wait(arriving[direction][1])
-                dk += arriving[direction][0][0]
-                dv += arriving[direction][0][1]
+            _add_arrived(arriving[direction], dk, dv)  # what the ranks before this one on its way added
             last = step == hops
             arriving[direction] = ring.exchange([dk, dv], direction * (-hops if last else 1))
         forward, backward = _arrived(to_next, forward), _arrived(to_prev, backward)
     dk, dv = own
     for pending in arriving.values():  # this rank's own block, home from each direction
-        if pending is not None:
-            _wait(pending[1])
-            dk += pending[0][0]
-            dv += pending[0][1]
+        _add_arrived(pending, dk, dv)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -2,11 +2,13 @@
 same inputs, both through Triton's JIT (triton_src/python_launch.py), interleaved: the measurement
 behind configs.json's choice of where the Gluon kernel replaces attn_fwd on sm_90.
 
-    python benchmarks/hopper_forward_ab.py [--head-dims 64,128] [--out hopper_forward_ab.json]
+    python benchmarks/hopper_forward_ab.py [--head-dims 128,256] [--out hopper_forward_ab.json]
+    python benchmarks/hopper_forward_ab.py --head-dims 64 --block-n 128   # a bucket it does not serve
 
-Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not. attn_fwd runs with the tiles
-the grid builds for this GPU (aot_build/tuned/sm90.json), attn_fwd_sm90 with its configs.json
-entry. The two alternate --pairs times, each sample the median of 10 timed calls; the figure is
+Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not. Both kernels run with the tiles
+the grid builds for this GPU (aot_build/tuned/sm90.json for attn_fwd, the configs.json
+"implementations" entry for attn_fwd_sm90); for a bucket the grid does not build attn_fwd_sm90 in,
+--block-n gives its key tile (128 query rows: two warpgroups of 64). The two alternate --pairs times, each sample the median of 10 timed calls; the figure is
 the median over the samples. Needs a Hopper GPU (the Gluon kernel is sm_90a code).
 """
 
@@ -32,15 +34,22 @@ from triton_src.forward import ATTN_FWD  # noqa: E402
 from triton_src.forward_sm90 import ATTN_FWD_SM90  # noqa: E402
 
 
-def _hopper_tiles(bucket: int) -> launch.Tiles:
-    impl = grid.load_config()["kernels"]["attn_fwd"]["implementations"][0]
-    tile = grid._tile_config("attn_fwd_sm90", impl, 90, bucket)
-    return launch.Tiles(tile["BLOCK_M"], tile["BLOCK_N"], tile["num_warps"], tile["num_stages"])
+def _hopper_tiles(bucket: int, block_n: int | None) -> launch.Tiles:
+    """attn_fwd_sm90's tiles for the bucket: the grid's variant, or 128 x block_n where it has none."""
+    variants = [v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": str(bucket)})
+                if v.implementation == "attn_fwd_sm90" and v.constant_dict["BLOCK_D"] == bucket]
+    if variants:
+        c = variants[0].constant_dict
+        return launch.Tiles(c["BLOCK_M"], block_n or c["BLOCK_N"], variants[0].num_warps, variants[0].num_stages)
+    if block_n is None:
+        raise SystemExit(f"the grid builds attn_fwd_sm90 for no {bucket} bucket: give --block-n")
+    return launch.Tiles(128, block_n, 4, 1)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--head-dims", default="128,256")
+    parser.add_argument("--block-n", type=int, default=None, help="attn_fwd_sm90's key tile (default: the grid's)")
     parser.add_argument("--seqlens", default="512,1024,4096,16384")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
@@ -52,7 +61,7 @@ def main(argv=None) -> int:
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):
         kernels = {"attn_fwd": (ATTN_FWD, launch.Tiles(*current_config("attn_fwd", 90, d))),
-                   "attn_fwd_sm90": (ATTN_FWD_SM90, _hopper_tiles(d))}
+                   "attn_fwd_sm90": (ATTN_FWD_SM90, _hopper_tiles(d, args.block_n))}
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)

@@ -53,7 +53,8 @@ def test_other_calls_stay_on_attn_fwd(what):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tile_halves_past_the_end(seqlen_q, dtype, head_dim):
     # The second consumer warpgroup's 64 rows start past seqlen_q for seqlen_q <= 64 (it stores
-    # nothing), straddle it for 65..127; the rows after must stay untouched (poisoned).
+    # nothing), straddle it for 65..127: every row of both batch entries must come out right (a
+    # store past one sequence's end would land in the next one's rows).
     torch.manual_seed(seqlen_q)
     q, k, v = make_qkv(2, seqlen_q, 777, 8, 2, head_dim, dtype, "cuda")
     for causal in (False, True):

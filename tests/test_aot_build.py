@@ -290,6 +290,37 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
         grid.expand(config, env)
 
 
+def test_the_hopper_dkdv_serves_only_its_measured_variants():
+    # attn_bwd_dkdv_sm90 (Gluon) replaces attn_bwd_dkdv on sm_90 for the 64 and 128 buckets
+    # without score modifications, and for softcap/ALiBi only at 64 (at 128 its consumers spill);
+    # 128 keys per program, so the op's grid (seqlen_k / BLOCK_N) follows the variant's tile.
+    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "32;64;128;256"}
+    variants = [v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dkdv"]
+    hopper = [v for v in variants if v.implementation]
+    assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in hopper} == {
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (128, 0)) for dtype in ("fp16", "bf16")}
+    assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
+    assert {(v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps) for v in hopper} == {(64, 128, 4)}
+    assert all(v.source == "triton_src.backward" for v in variants if not v.implementation)
+
+
+def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
+    # As the forward below: the Gluon kernel under attn_bwd_dkdv's parameters, 12 warps, TMA
+    # descriptors in global scratch; its key-side products are 64 x 64 (S^T, dP^T) and
+    # 64 x 128 (dV, dK) wgmmas.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
+                   if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "bf16")
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    from triton_src import KERNELS
+
+    assert artifact.meta["name"] == "attn_bwd_dkdv_sm90"
+    assert [p[0] for p in artifact.meta["params"]] == [p.name for p in KERNELS["attn_bwd_dkdv"].params]
+    assert artifact.meta["num_warps"] == 12 and artifact.meta["global_scratch_size"] > 0
+    assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor.3d" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
+
+
 def test_the_hopper_forward_compiles_through_the_build(tmp_path):
     # Compiled on a machine with no GPU from the grid's own variant: the cubin's function is the
     # Gluon kernel, under attn_fwd's parameters; warp_specialize makes it 12 warps, and its TMA

@@ -187,27 +187,28 @@ def _new_gradient(t, packing):
 
 
 def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
-                  packing: Packing | None = None, want_dbias: bool = False):
-    """(dk, dv) of attn_bwd_dkdv; (dk, dv, dbias) with want_dbias (dbias: dS, [batch, heads,
-    seqlen_q, seqlen_k] float32, zero-filled as the op allocates it)."""
+                  packing: Packing | None = None, want_dbias: bool = False, spec=ATTN_BWD_DKDV):
+    """(dk, dv) of attn_bwd_dkdv (or of another kernel with its arguments, `spec`); (dk, dv,
+    dbias) with want_dbias (dbias: dS, [batch, heads, seqlen_q, seqlen_k] float32, zero-filled as
+    the op allocates it)."""
     batch, seqlen_q, seqlen_k, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dk, dv = _new_gradient(k, packing), _new_gradient(v, packing)
     shape = (batch, q.shape[-2], seqlen_q, seqlen_k) if want_dbias else (1, 1, 1, 1)
     dbias = torch.zeros(shape, dtype=torch.float32, device=q.device)
-    ATTN_BWD_DKDV.launch((triton.cdiv(seqlen_k, tiles.block_n), k.shape[-2], batch), num_warps=tiles.num_warps,
-                         num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv),
-                         DBias=dbias, stride_dbiasb=dbias.stride(0), stride_dbiash=dbias.stride(1),
-                         stride_dbiasq=dbias.stride(2), write_dbias=int(want_dbias))
+    spec.launch((triton.cdiv(seqlen_k, tiles.block_n), k.shape[-2], batch), num_warps=tiles.num_warps,
+                num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv),
+                DBias=dbias, stride_dbiasb=dbias.stride(0), stride_dbiash=dbias.stride(1),
+                stride_dbiasq=dbias.stride(2), write_dbias=int(want_dbias))
     return (dk, dv, dbias) if want_dbias else (dk, dv)
 
 
 def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
-                packing: Packing | None = None):
-    """dq of attn_bwd_dq."""
+                packing: Packing | None = None, spec=ATTN_BWD_DQ):
+    """dq of attn_bwd_dq, or of another kernel with its arguments (`spec`: the Hopper dQ)."""
     batch, seqlen_q, _, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dq = _new_gradient(q, packing)
-    ATTN_BWD_DQ.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
-                       num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq))
+    spec.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
+                num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq))
     return dq
 
 

@@ -1,0 +1,150 @@
+"""The Hopper dK/dV kernel (triton_src/backward_sm90.py: the Gluon kernel configs.json builds as
+attn_bwd_dkdv's sm_90 implementation for the 64 and 128 buckets) on a Hopper GPU (skipped
+elsewhere, and where the build lacks it): which kernel serves which call, and the inputs only its
+TMA path meets (a key tile's second half past the end, query tiles past the end, GQA groups walked
+through one descriptor, row strides far from head_dim, padded head dims, empty packed sequences),
+every gradient against float64 with the 2x rule. The op-level backward suites run through it as
+well on Hopper."""
+
+import pytest
+import torch
+
+import fattn
+from fattn.reference import attention_reference
+from helpers import check_gradients, grads_of, make_qkv, requires_gpu
+
+
+def _hopper_build():
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        return False
+    return any(e["function"] == "attn_bwd_dkdv_sm90" for e in fattn.build_info()["kernels"])
+
+
+pytestmark = [requires_gpu, pytest.mark.gpu,
+              pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_bwd_dkdv_sm90")]
+
+
+def _kernels_launched(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def _backward(q, k, v, p=0.0, **options):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fattn.flash_attn_func(q, k, v, p, **options)
+    out.backward(torch.ones_like(out))
+
+
+def check_backward(q, k, v, what, causal=False, **variant):
+    """dq, dk, dv of sum(out * w_out) + sum(lse * w_lse) against float64 autograd (2x rule)."""
+    batch, sq, heads, d = q.shape
+    w_out = torch.randn(batch, sq, heads, d, device="cuda")
+    w_lse = torch.randn(batch, heads, sq, device="cuda")
+    if causal and sq > k.shape[1]:
+        w_lse[:, :, : sq - k.shape[1]] = 0  # rows that see no key have lse -inf
+    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **variant),
+                   q, k, v, w_out, w_lse)
+    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.float64, **variant),
+                   q.double(), k.double(), v.double(), w_out.double(), w_lse.double())
+    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=q.dtype, **variant),
+                   q, k, v, w_out, w_lse)
+    check_gradients(got, ref, low, q.dtype, what=what)
+
+
+@pytest.mark.parametrize("head_dim,options", [
+    (128, dict()), (128, dict(causal=True)), (96, dict(window_size=(100, 0))), (64, dict()),
+    (64, dict(softcap=30.0, causal=True)), (40, dict(causal=True)),
+], ids=["d128", "d128-causal", "d96-window", "d64", "d64-softcap", "d40-causal"])
+def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
+    q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
+    names = _kernels_launched(lambda: _backward(q, k, v, **options))
+    assert "attn_bwd_dkdv_sm90" in names, names
+
+
+@pytest.mark.parametrize("what", ["dropout", "d128 softcap", "head_dim 256", "head_dim 32"])
+def test_other_calls_stay_on_attn_bwd_dkdv(what):
+    d = {"head_dim 256": 256, "head_dim 32": 32}.get(what, 128)
+    q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
+    options = dict(softcap=30.0) if what == "d128 softcap" else {}
+    p = 0.1 if what == "dropout" else 0.0
+    names = _kernels_launched(lambda: _backward(q, k, v, p, **options))
+    assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlen_k", [1, 63, 64, 65, 127, 129, 1000])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_key_tile_halves_past_the_end(seqlen_k, dtype, head_dim):
+    # The second consumer warpgroup's 64 keys start past seqlen_k for seqlen_k <= 64 and straddle
+    # it for 65..127: its dK/dV rows there must not be stored (they would land in the next batch
+    # entry's keys), and the ones before it must be right.
+    torch.manual_seed(seqlen_k)
+    q, k, v = make_qkv(2, 333, seqlen_k, 8, 2, head_dim, dtype, "cuda")
+    for causal in (False, True):
+        check_backward(q, k, v, f"seqlen_k {seqlen_k} causal {causal}", causal=causal)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 63, 65, 1000])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
+def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads):
+    # Q and dO rows past seqlen_q come in as TMA's zeros and their lse as +inf (P = 0); a kv head's
+    # group of query heads is walked through one [seqlen_q, group, head_dim] descriptor.
+    torch.manual_seed(seqlen_q * heads + kv_heads)
+    q, k, v = make_qkv(2, seqlen_q, 300, heads, kv_heads, 128, torch.bfloat16, "cuda")
+    for causal in (False, True):
+        check_backward(q, k, v, f"seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [40, 72, 104, 128])
+def test_strided_views_and_padded_head_dims(head_dim):
+    torch.manual_seed(head_dim)
+    q, k, v = make_qkv(2, 700, 900, 8, 2, head_dim, torch.bfloat16, "cuda", layout="strided")
+    check_backward(q, k, v, f"strided d{head_dim}", causal=True)
+
+
+@pytest.mark.parametrize("options", [dict(window_size=(100, 37)), dict(softcap=20.0, alibi_slopes="heads")],
+                         ids=["window", "softcap-alibi"])
+def test_windows_and_score_modifications_at_d64(options):
+    torch.manual_seed(5)
+    q, k, v = make_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda")
+    if options.get("alibi_slopes") == "heads":
+        options = dict(options, alibi_slopes=torch.rand(8, device="cuda") * 0.3)
+    check_backward(q, k, v, str(options), causal=True, **options)
+
+
+def test_packed_batch_with_empty_sequences():
+    # Empty query spans, empty key spans and both: their descriptors have no rows and are never
+    # read; keys with no query get dK = dV = 0, and every sequence's gradients are its own.
+    lens_q = [0, 5, 3, 130, 64, 1, 0, 200]
+    lens_k = [3, 0, 0, 200, 64, 1, 0, 129]
+    heads, kv_heads, d = 4, 2, 128
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(sum(lens_q), heads, d, dtype=torch.bfloat16, device="cuda", generator=g).requires_grad_()
+    k = torch.randn(sum(lens_k), kv_heads, d, dtype=torch.bfloat16, device="cuda", generator=g).requires_grad_()
+    v = torch.randn(sum(lens_k), kv_heads, d, dtype=torch.bfloat16, device="cuda", generator=g).requires_grad_()
+    w = torch.randn(sum(lens_q), heads, d, device="cuda", generator=g)
+    out = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    dq, dk, dv = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        qs, ks = int(cu_q[b]), int(cu_k[b])
+        got = (dq[qs:qs + lq], dk[ks:ks + lk], dv[ks:ks + lk])
+        if lq == 0 or lk == 0:
+            for t, name in zip(got, ("dq", "dk", "dv")):
+                assert torch.equal(t, torch.zeros_like(t)), f"sequence {b}: {name} of an empty attention"
+            continue
+        qb, kb, vb = q[None, qs:qs + lq].detach(), k[None, ks:ks + lk].detach(), v[None, ks:ks + lk].detach()
+        ref = _out_gradients(qb.double(), kb.double(), vb.double(), w[None, qs:qs + lq].double(), torch.float64)
+        low = _out_gradients(qb, kb, vb, w[None, qs:qs + lq], torch.bfloat16)
+        check_gradients([t[None] for t in got], ref, low, torch.bfloat16, what=f"sequence {b}")
+
+
+def _out_gradients(q, k, v, w, dtype):
+    """d sum(out * w) / d(q, k, v) of the causal reference (its lse is -inf on rows that see no
+    key, so it stays out of the loss)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, _ = attention_reference(q, k, v, None, True, dtype=dtype)
+    return torch.autograd.grad((out.to(w.dtype) * w).sum(), (q, k, v))

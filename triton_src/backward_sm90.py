@@ -1,0 +1,270 @@
+"""The Hopper (sm_90) dK/dV kernel, in Gluon: attn_bwd_dkdv's contract (backward.py: the same
+arguments, grid and results) with forward_sm90.py's structure. Per key tile of BLOCK_N = 128
+keys, two consumer warpgroups own 64 keys each; with the keys as the M side of every product
+(transposed math, as attn_bwd_dkdv), per visited query tile:
+S^T = K Q^T and dP^T = V dO^T, P^T = exp2(S^T - lse), dV += P^T dO, dS^T = P^T (dP^T - delta),
+dK += dS^T Q, with P^T and dS^T in registers as the A operands.
+
+- a producer warp loads the key tile's K and V once, then every visited query tile of every head
+  of the GQA group: Q and dO by TMA (one descriptor each over [seqlen_q, kv_group_size,
+  head_dim], so GQA walks its heads without rebuilding descriptors), and the tile's lse (in the
+  log2 domain, +inf for rows that saw no key or lie past the end) and delta, which it loads and
+  stores into shared memory itself, into a ring of STAGES slots;
+- each consumer issues S^T and dP^T together, computes P^T as soon as S^T is done and issues
+  dV's product before it waits for dP^T, then dS^T and dK's product; no wgmma is in flight
+  across the loop's back edge (forward_sm90.py says why).
+
+Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
+configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .backward import ATTN_BWD_DKDV
+from .common import (
+    key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds,
+    visible_query_range,
+)
+from .spec import KernelSpec
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right, every_tile,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """attn_bwd_dkdv's query tiles for the key tile at start_n as one sequence: (lo, full_lo,
+    full_hi, n_full, n_tiles). Tile i < n_full starts at row full_lo + i * BLOCK_M and needs no
+    mask; the others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start)."""
+    lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                                                   BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, every_tile)
+    start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_M, True)
+    n_full = (full_hi - full_lo) // BLOCK_M
+    return lo, full_lo, full_hi, n_full, n_full + (stop - start) // BLOCK_M
+
+
+@gluon.jit
+def _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M: gl.constexpr):
+    """First row of the i-th tile of _query_tiles' sequence."""
+    return gl.where(i < n_full, full_lo + i * BLOCK_M, tile_at(lo + (i - n_full) * BLOCK_M, full_lo, full_hi, True))
+
+
+@gluon.jit
+def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+          kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
+          lo, full_lo, full_hi, n_full, n_tiles,
+          HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: both halves of K and V, then every head's visited Q, dO, lse and delta
+    tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
+    after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1."""
+    row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    if n_tiles > 0:
+        mbarrier.expect(kv_ready, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for half in gl.static_range(2):
+            tma.async_copy_global_to_shared(k_desc, [start_n + half * HALF_N, 0], kv_ready, k_smem.index(half))
+            tma.async_copy_global_to_shared(v_desc, [start_n + half * HALF_N, 0], kv_ready, v_smem.index(half))
+    offs_m = gl.arange(0, BLOCK_M, layout=row_layout)
+    for t in range(n_tiles * kv_group_size):
+        g = t // n_tiles
+        i = t - g * n_tiles
+        stage = t % STAGES
+        start_m = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M)
+        rows = start_m + offs_m
+        # backward.py's _lse_log2: rows that saw no key, or lie past the end, get +inf (P = 0).
+        head_base = row_base + g.to(gl.int64) * stride_lseh
+        lse = gl.load(Lse + head_base + rows, mask=rows < seqlen_q, other=float("inf"))
+        lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        delta = gl.load(Delta + head_base + rows, mask=rows < seqlen_q, other=0.0)
+        mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [start_m, g, 0], ready.index(stage), q_smem.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [start_m, g, 0], ready.index(stage), do_smem.index(stage))
+        lse_smem.index(stage).store(lse)
+        delta_smem.index(stage).store(delta)
+        mbarrier.arrive(ready.index(stage), count=1)
+
+
+@gluon.jit
+def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                DK, DV, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih,
+                use_alibi, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
+                window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
+                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
+    """One consumer warpgroup: keys [start_n + HALF * HALF_N, + HALF_N) of the tile, through every
+    visited query tile of every head of the group, then its rows of dK and dV."""
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    key0 = start_n + HALF * HALF_N
+    keys = key0 + gl.arange(0, HALF_N, layout=key_layout)
+    offs_m = gl.arange(0, BLOCK_M, layout=row_layout)
+    diagonal = seqlen_k - seqlen_q
+    kv_seg = segment_ids(kv_seg_base, keys, seqlen_k, use_segments)
+    dk = gl.zeros([HALF_N, BLOCK_D], gl.float32, layout=o_layout)
+    dv = gl.zeros([HALF_N, BLOCK_D], gl.float32, layout=o_layout)
+    zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+    k_tile = k_smem.index(HALF)
+    v_tile = v_smem.index(HALF)
+
+    if n_tiles > 0:
+        mbarrier.wait(kv_ready, 0)
+        for t in range(n_tiles * kv_group_size):
+            g = t // n_tiles
+            i = t - g * n_tiles
+            stage = t % STAGES
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+            q_tile = q_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
+            do_tile = do_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
+
+            s_t = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+            dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+            start_m = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M)
+            rows = start_m + offs_m
+            lse = lse_smem.index(stage).load(row_layout)
+            s_t = warpgroup_mma_wait(1, deps=(s_t, ))
+            s_t = s_t * qk_scale
+            if SCORE_MOD:
+                alibi_log2 = 0.0
+                if use_alibi != 0:
+                    head = kv_head * kv_group_size + g
+                    alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
+                s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None], diagonal, softcap_log2, alibi_log2)
+            p_t = gl.exp2(s_t - lse[None, :])
+            if i >= n_full:
+                visible = key_visible(rows[None, :], keys[:, None], seqlen_k, diagonal, window_left, window_right)
+                if use_segments != 0:
+                    q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
+                    visible = visible & (kv_seg[:, None] == q_seg[None, :])
+                p_t = gl.where(visible, p_t, 0.0)
+            # dV's product runs while this warpgroup waits for dP^T and computes dS^T.
+            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_tile, dv, is_async=True)
+            if SCORE_MOD:
+                p_t = p_t * dcap  # the softcap's derivative, folded in now: one [64, 64] tile fewer live
+            delta = delta_smem.index(stage).load(row_layout)
+            dp_t = warpgroup_mma_wait(1, deps=(dp_t, ))
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
+            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+            mbarrier.arrive(empty.index(stage), count=1)
+
+    dk = dk * softmax_scale
+    rows_o = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, o_layout))
+    cols_o = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
+    keys_o = key0 + rows_o
+    mask = (keys_o < seqlen_k)[:, None] & (cols_o < head_dim)[None, :]
+    gl.store(DK + keys_o[:, None].to(gl.int64) * stride_dks + cols_o[None, :], dk.to(dtype), mask=mask)
+    gl.store(DV + keys_o[:, None].to(gl.int64) * stride_dvs + cols_o[None, :], dv.to(dtype), mask=mask)
+
+
+@gluon.jit
+def attn_bwd_dkdv_sm90(
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
+    seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
+    Alibi, stride_alibib, stride_alibih, use_alibi,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    qk_scale, softcap_log2, softmax_scale,
+    Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+    DBias, stride_dbiasb, stride_dbiash, stride_dbiasq, write_dbias,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
+):
+    """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0 and 1; Bias, dropout and
+    DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N is 128 (two consumer
+    warpgroups of 64 keys); launched with 4 warps, warp_specialize adds the rest."""
+    STAGES: gl.constexpr = 2
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+    gl.static_assert(HALF_N == 64, "two consumer warpgroups of 64 keys")
+
+    pid_n = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    batch = gl.program_id(2).to(gl.int64)
+    q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
+    k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
+    start_n = pid_n * BLOCK_N
+
+    swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+    row3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=3)
+    vector_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    first_head = kv_head.to(gl.int64) * kv_group_size
+    k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
+    v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
+    q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + first_head * stride_qh
+    do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + first_head * stride_doh
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], tile_layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, BLOCK_D], tile_layout)
+    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim], [stride_qs, stride_qh, 1],
+                                        [BLOCK_M, 1, BLOCK_D], row3_layout)
+    do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim], [stride_dos, stride_doh, 1],
+                                         [BLOCK_M, 1, BLOCK_D], row3_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vector_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vector_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=2)  # the TMA transaction's arrival and the producer's
+        mbarrier.init(empty.index(b), count=2)  # one arrival per consumer warpgroup
+
+    lo, full_lo, full_hi, n_full, n_tiles = _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                                                         use_segments, BLOCK_M, BLOCK_N)
+    dk_base = DK + batch * stride_dkb + k_start.to(gl.int64) * stride_dks + kv_head.to(gl.int64) * stride_dkh
+    dv_base = DV + batch * stride_dvb + k_start.to(gl.int64) * stride_dvs + kv_head.to(gl.int64) * stride_dvh
+    row_base = batch * stride_lseb + first_head * stride_lseh + q_start
+    alibi_base = batch * stride_alibib
+    q_seg_base = QSegmentIds + batch * stride_qsegb
+    kv_seg_base = KvSegmentIds + batch * stride_kvsegb
+
+    gl.warp_specialize([
+        (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                       dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
+                       q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                       start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
+                       window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                       0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+        (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                       dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
+                       q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                       start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
+                       window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                       1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+        (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                 kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
+                 lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
+    ], [4, 1], [240, 24])
+
+    mbarrier.invalidate(kv_ready)
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(b))
+        mbarrier.invalidate(empty.index(b))
+
+
+# attn_bwd_dkdv's contract: its parameters (the spec checks the function against them) and constexprs.
+ATTN_BWD_DKDV_SM90 = KernelSpec(attn_bwd_dkdv_sm90, ATTN_BWD_DKDV.params)
+assert ATTN_BWD_DKDV_SM90.constexprs == ATTN_BWD_DKDV.constexprs, "attn_bwd_dkdv_sm90 must take attn_bwd_dkdv's constexprs"

@@ -292,15 +292,18 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
 
 def test_the_hopper_dkdv_serves_only_its_measured_variants():
     # attn_bwd_dkdv_sm90 (Gluon) replaces attn_bwd_dkdv on sm_90 for the 64 and 128 buckets
-    # without score modifications, and for softcap/ALiBi only at 64 (at 128 its consumers spill);
-    # 128 keys per program, so the op's grid (seqlen_k / BLOCK_N) follows the variant's tile.
+    # without score modifications, for softcap/ALiBi at 64 (at 128 its consumers spill), and in
+    # its wide-head form for both at 256; 128 keys per program up to d128, 64 at d256, so the
+    # op's grid (seqlen_k / BLOCK_N) follows the variant's tile.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "32;64;128;256"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dkdv"]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in hopper} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (128, 0)) for dtype in ("fp16", "bf16")}
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (128, 0), (256, 0), (256, 1))
+        for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
-    assert {(v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps) for v in hopper} == {(64, 128, 4)}
+    assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps)
+            for v in hopper} == {64: (64, 128, 4), 128: (64, 128, 4), 256: (64, 64, 4)}
     assert all(v.source == "triton_src.backward" for v in variants if not v.implementation)
 
 
@@ -319,6 +322,19 @@ def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
     assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor.3d" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
+
+
+def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):
+    # d256: S and dP of 32 keys per warpgroup (64 x 32 wgmmas), dK and dV of half the head dim
+    # (64 x 128), P^T and dS^T through shared memory; the whole kernel within sm_90's 227 KB.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "256"})
+                   if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "fp16"
+                   and v.constant_dict["SCORE_MOD"] == 1)
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    assert artifact.meta["name"] == "attn_bwd_dkdv_sm90" and artifact.meta["num_warps"] == 12
+    assert 200 * 1024 < artifact.meta["shared"] <= 232448
+    assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in artifact.ptx
 
 
 def test_the_hopper_forward_compiles_through_the_build(tmp_path):

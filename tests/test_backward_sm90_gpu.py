@@ -1,5 +1,5 @@
 """The Hopper dK/dV kernel (triton_src/backward_sm90.py: the Gluon kernel configs.json builds as
-attn_bwd_dkdv's sm_90 implementation for the 64 and 128 buckets) on a Hopper GPU (skipped
+attn_bwd_dkdv's sm_90 implementation for the 64, 128 and 256 buckets) on a Hopper GPU (skipped
 elsewhere, and where the build lacks it): which kernel serves which call, and the inputs only its
 TMA path meets (a key tile's second half past the end, query tiles past the end, GQA groups walked
 through one descriptor, row strides far from head_dim, padded head dims, empty packed sequences),
@@ -55,49 +55,52 @@ def check_backward(q, k, v, what, causal=False, **variant):
 
 @pytest.mark.parametrize("head_dim,options", [
     (128, dict()), (128, dict(causal=True)), (96, dict(window_size=(100, 0))), (64, dict()),
-    (64, dict(softcap=30.0, causal=True)), (40, dict(causal=True)),
-], ids=["d128", "d128-causal", "d96-window", "d64", "d64-softcap", "d40-causal"])
+    (64, dict(softcap=30.0, causal=True)), (40, dict(causal=True)), (256, dict(causal=True)),
+    (200, dict(softcap=30.0)),
+], ids=["d128", "d128-causal", "d96-window", "d64", "d64-softcap", "d40-causal", "d256-causal", "d200-softcap"])
 def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     names = _kernels_launched(lambda: _backward(q, k, v, **options))
     assert "attn_bwd_dkdv_sm90" in names, names
 
 
-@pytest.mark.parametrize("what", ["dropout", "d128 softcap", "head_dim 256", "head_dim 32"])
+@pytest.mark.parametrize("what", ["dropout", "d128 softcap", "d256 dropout", "head_dim 32"])
 def test_other_calls_stay_on_attn_bwd_dkdv(what):
-    d = {"head_dim 256": 256, "head_dim 32": 32}.get(what, 128)
+    d = {"d256 dropout": 256, "head_dim 32": 32}.get(what, 128)
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     options = dict(softcap=30.0) if what == "d128 softcap" else {}
-    p = 0.1 if what == "dropout" else 0.0
+    p = 0.1 if "dropout" in what else 0.0
     names = _kernels_launched(lambda: _backward(q, k, v, p, **options))
     assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_k", [1, 63, 64, 65, 127, 129, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_key_tile_halves_past_the_end(seqlen_k, dtype, head_dim):
     # The second consumer warpgroup's 64 keys start past seqlen_k for seqlen_k <= 64 and straddle
-    # it for 65..127: its dK/dV rows there must not be stored (they would land in the next batch
-    # entry's keys), and the ones before it must be right.
+    # it for 65..127 (d256: its 32 of a 64-key tile, for seqlen_k <= 32 and 33..63, and the next
+    # tile's for 65..127): dK/dV rows past the end must not be stored (they would land in the next
+    # batch entry's keys), and the ones before it must be right.
     torch.manual_seed(seqlen_k)
     q, k, v = make_qkv(2, 333, seqlen_k, 8, 2, head_dim, dtype, "cuda")
     for causal in (False, True):
         check_backward(q, k, v, f"seqlen_k {seqlen_k} causal {causal}", causal=causal)
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("seqlen_q", [1, 63, 65, 1000])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
-def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads):
+def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads, head_dim):
     # Q and dO rows past seqlen_q come in as TMA's zeros and their lse as +inf (P = 0); a kv head's
     # group of query heads is walked through one [seqlen_q, group, head_dim] descriptor.
     torch.manual_seed(seqlen_q * heads + kv_heads)
-    q, k, v = make_qkv(2, seqlen_q, 300, heads, kv_heads, 128, torch.bfloat16, "cuda")
+    q, k, v = make_qkv(2, seqlen_q, 300, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     for causal in (False, True):
         check_backward(q, k, v, f"seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal)
 
 
-@pytest.mark.parametrize("head_dim", [40, 72, 104, 128])
+@pytest.mark.parametrize("head_dim", [40, 72, 104, 128, 136, 200, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     torch.manual_seed(head_dim)
     q, k, v = make_qkv(2, 700, 900, 8, 2, head_dim, torch.bfloat16, "cuda", layout="strided")
@@ -106,20 +109,22 @@ def test_strided_views_and_padded_head_dims(head_dim):
 
 @pytest.mark.parametrize("options", [dict(window_size=(100, 37)), dict(softcap=20.0, alibi_slopes="heads")],
                          ids=["window", "softcap-alibi"])
-def test_windows_and_score_modifications_at_d64(options):
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_windows_and_score_modifications(options, head_dim):
     torch.manual_seed(5)
-    q, k, v = make_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda")
+    q, k, v = make_qkv(2, 1000, 1000, 8, 2, head_dim, torch.bfloat16, "cuda")
     if options.get("alibi_slopes") == "heads":
         options = dict(options, alibi_slopes=torch.rand(8, device="cuda") * 0.3)
     check_backward(q, k, v, str(options), causal=True, **options)
 
 
-def test_packed_batch_with_empty_sequences():
+@pytest.mark.parametrize("d", [128, 256])
+def test_packed_batch_with_empty_sequences(d):
     # Empty query spans, empty key spans and both: their descriptors have no rows and are never
     # read; keys with no query get dK = dV = 0, and every sequence's gradients are its own.
     lens_q = [0, 5, 3, 130, 64, 1, 0, 200]
     lens_k = [3, 0, 0, 200, 64, 1, 0, 129]
-    heads, kv_heads, d = 4, 2, 128
+    heads, kv_heads = 4, 2
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(3)

@@ -14,13 +14,21 @@ dK += dS^T Q, with P^T and dS^T in registers as the A operands.
   dV's product before it waits for dP^T, then dS^T and dK's product; no wgmma is in flight
   across the loop's back edge (forward_sm90.py says why).
 
+Above head dim 128 (_accumulate_wide) two 64 x BLOCK_D float32 accumulators per warpgroup do not
+fit: the key tile is 64 keys shared by both warpgroups, which split the head dim of dK and dV
+instead. Each computes S and dP of its 32 keys (queries as M), stores its rows of P^T and dS^T into
+shared memory, and once both halves are there (an mbarrier with one arrival per warpgroup,
+double-buffered) issues dV += P^T dO and dK += dS^T Q for all 64 keys and its half of the columns.
+
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
 configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
 
 from .backward import ATTN_BWD_DKDV
 from .common import (
@@ -169,6 +177,92 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
 
 
 @gluon.jit
+def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready, ready,
+                     empty, tile_ready, DK, DV, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih,
+                     use_alibi, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                     start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
+                     window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                     HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
+                     STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
+    """One consumer warpgroup of the wide-head kernel: S and dP of all BLOCK_M query rows against
+    its half of the 64 keys (queries as M), their P^T and dS^T rows into shared memory; once both
+    halves are there, dV and dK of all 64 keys for its half of the head dim."""
+    dtype: gl.constexpr = k_smem.dtype
+    BLOCK_N: gl.constexpr = 2 * HALF_N
+    HALF_D: gl.constexpr = BLOCK_D // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_D, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    key_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    keys = start_n + HALF * HALF_N + gl.arange(0, HALF_N, layout=key_layout)
+    offs_m = gl.arange(0, BLOCK_M, layout=row_layout)
+    diagonal = seqlen_k - seqlen_q
+    kv_seg = segment_ids(kv_seg_base, keys, seqlen_k, use_segments)
+    dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, layout=o_layout)
+    dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, layout=o_layout)
+    zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
+    k_half = k_smem.index(HALF)
+    v_half = v_smem.index(HALF)
+
+    if n_tiles > 0:
+        mbarrier.wait(kv_ready, 0)
+        for t in range(n_tiles * kv_group_size):
+            g = t // n_tiles
+            i = t - g * n_tiles
+            stage = t % STAGES
+            buf = t % 2
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+            q_tile = q_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
+            do_tile = do_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
+            s = warpgroup_mma(q_tile, k_half.permute((1, 0)), zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_tile, v_half.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+            start_m = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M)
+            rows = start_m + offs_m
+            lse = lse_smem.index(stage).load(row_layout)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            s = s * qk_scale
+            if SCORE_MOD:
+                alibi_log2 = 0.0
+                if use_alibi != 0:
+                    head = kv_head * kv_group_size + g
+                    alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
+                s, dcap = modified_scores(s, rows[:, None], keys[None, :], diagonal, softcap_log2, alibi_log2)
+            p = gl.exp2(s - lse[:, None])
+            if i >= n_full:
+                visible = key_visible(rows[:, None], keys[None, :], seqlen_k, diagonal, window_left, window_right)
+                if use_segments != 0:
+                    q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
+                    visible = visible & (q_seg[:, None] == kv_seg[None, :])
+                p = gl.where(visible, p, 0.0)
+            pt_smem.index(buf).slice(HALF * HALF_N, HALF_N).store(gl.permute(p.to(dtype), (1, 0)))
+            if SCORE_MOD:
+                p = p * dcap
+            delta = delta_smem.index(stage).load(row_layout)
+            dp = warpgroup_mma_wait(0, deps=(dp, ))
+            ds = p * (dp - delta[:, None])
+            dst_smem.index(buf).slice(HALF * HALF_N, HALF_N).store(gl.permute(ds.to(dtype), (1, 0)))
+            fence_async_shared()
+            # Both halves of P^T and dS^T are needed by both warpgroups' products.
+            mbarrier.arrive(tile_ready.index(buf), count=1)
+            mbarrier.wait(tile_ready.index(buf), (t // 2) & 1)
+            dv = warpgroup_mma(pt_smem.index(buf), do_tile.slice(HALF * HALF_D, HALF_D, dim=1), dv, is_async=True)
+            dk = warpgroup_mma(dst_smem.index(buf), q_tile.slice(HALF * HALF_D, HALF_D, dim=1), dk, is_async=True)
+            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+            mbarrier.arrive(empty.index(stage), count=1)
+
+    dk = dk * softmax_scale
+    keys_o = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
+    cols_o = HALF * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, o_layout))
+    mask = (keys_o < seqlen_k)[:, None] & (cols_o < head_dim)[None, :]
+    gl.store(DK + keys_o[:, None].to(gl.int64) * stride_dks + cols_o[None, :], dk.to(dtype), mask=mask)
+    gl.store(DV + keys_o[:, None].to(gl.int64) * stride_dvs + cols_o[None, :], dv.to(dtype), mask=mask)
+
+
+@gluon.jit
 def attn_bwd_dkdv_sm90(
     Q, K, V, DO, Lse, Delta, DK, DV,
     stride_qb, stride_qs, stride_qh,
@@ -188,12 +282,18 @@ def attn_bwd_dkdv_sm90(
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
 ):
     """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0 and 1; Bias, dropout and
-    DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N is 128 (two consumer
-    warpgroups of 64 keys); launched with 4 warps, warp_specialize adds the rest."""
+    DBias are not read (the op sends those calls to attn_bwd_dkdv). Up to head dim 128, BLOCK_N is
+    128: two consumer warpgroups of 64 keys (_accumulate); above it two 64 x BLOCK_D float32
+    accumulators per warpgroup do not fit its registers, so BLOCK_N is 64 and the warpgroups split
+    the head dim instead (_accumulate_wide). Launched with 4 warps, warp_specialize adds the rest."""
     STAGES: gl.constexpr = 2
+    WIDE: gl.constexpr = BLOCK_D > 128
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
-    gl.static_assert(HALF_N == 64, "two consumer warpgroups of 64 keys")
+    if WIDE:
+        gl.static_assert(BLOCK_N == 64, "the wide-head kernel's warpgroups share 64 keys")
+    else:
+        gl.static_assert(HALF_N == 64, "two consumer warpgroups of 64 keys")
 
     pid_n = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -241,23 +341,51 @@ def attn_bwd_dkdv_sm90(
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
 
-    gl.warp_specialize([
-        (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
-                       dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
-                       q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
-                       start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
-                       window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                       0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
-        (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
-                       dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
-                       q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
-                       start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
-                       window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                       1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
-        (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-                 kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                 lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
-    ], [4, 1], [240, 24])
+    if WIDE:
+        # P^T and dS^T of the tile pair, each warpgroup storing the rows of its keys; both
+        # warpgroups' products read all of them (tile_ready: one arrival each), double-buffered.
+        pt_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], tile_layout)
+        dst_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], tile_layout)
+        tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
+            mbarrier.init(tile_ready.index(b), count=2)
+        gl.warp_specialize([
+            (_accumulate_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready,
+                                ready, empty, tile_ready, dk_base, dv_base, stride_dks, stride_dvs, Alibi,
+                                alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
+                                kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
+                                n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                                0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+            (_accumulate_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready,
+                                ready, empty, tile_ready, dk_base, dv_base, stride_dks, stride_dvs, Alibi,
+                                alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
+                                kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
+                                n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                                1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+            (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                     kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
+                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
+        ], [4, 1], [240, 24])
+        for b in gl.static_range(2):
+            mbarrier.invalidate(tile_ready.index(b))
+    else:
+        gl.warp_specialize([
+            (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                           dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
+                           q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                           start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
+                           window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                           0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+            (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                           dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
+                           q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                           start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
+                           window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                           1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+            (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                     kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
+                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
+        ], [4, 1], [240, 24])
 
     mbarrier.invalidate(kv_ready)
     for b in gl.static_range(STAGES):

@@ -14,11 +14,12 @@ dK += dS^T Q, with P^T and dS^T in registers as the A operands.
   dV's product before it waits for dP^T, then dS^T and dK's product; no wgmma is in flight
   across the loop's back edge (forward_sm90.py says why).
 
-Above head dim 128 (_accumulate_wide) two 64 x BLOCK_D float32 accumulators per warpgroup do not
-fit: the key tile is 64 keys shared by both warpgroups, which split the head dim of dK and dV
-instead. Each computes S and dP of its 32 keys (queries as M), stores its rows of P^T and dS^T into
-shared memory, and once both halves are there (an mbarrier with one arrival per warpgroup,
-double-buffered) issues dV += P^T dO and dK += dS^T Q for all 64 keys and its half of the columns.
+With BLOCK_N = 64, the wide-head form (_accumulate_wide), for where two 64 x BLOCK_D float32
+accumulators per warpgroup do not fit its registers (configs.json: d256): the key tile is 64 keys
+shared by both warpgroups, which split the head dim of dK and dV instead. Each computes S and dP
+of its 32 keys (queries as M), stores its rows of P^T and dS^T into shared memory, and once both
+halves are there (an mbarrier with one arrival per warpgroup, double-buffered) issues
+dV += P^T dO and dK += dS^T Q for all 64 keys and its half of the columns.
 
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
 configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
@@ -282,18 +283,16 @@ def attn_bwd_dkdv_sm90(
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
 ):
     """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0 and 1; Bias, dropout and
-    DBias are not read (the op sends those calls to attn_bwd_dkdv). Up to head dim 128, BLOCK_N is
-    128: two consumer warpgroups of 64 keys (_accumulate); above it two 64 x BLOCK_D float32
-    accumulators per warpgroup do not fit its registers, so BLOCK_N is 64 and the warpgroups split
-    the head dim instead (_accumulate_wide). Launched with 4 warps, warp_specialize adds the rest."""
+    DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N 128: two consumer
+    warpgroups of 64 keys (_accumulate, up to head dim 128); BLOCK_N 64: the wide-head form, whose
+    warpgroups share the keys and split the head dim (_accumulate_wide). Launched with 4 warps,
+    warp_specialize adds the rest."""
     STAGES: gl.constexpr = 2
-    WIDE: gl.constexpr = BLOCK_D > 128
+    WIDE: gl.constexpr = BLOCK_N == 64
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
-    if WIDE:
-        gl.static_assert(BLOCK_N == 64, "the wide-head kernel's warpgroups share 64 keys")
-    else:
-        gl.static_assert(HALF_N == 64, "two consumer warpgroups of 64 keys")
+    if not WIDE:
+        gl.static_assert(HALF_N == 64 and BLOCK_D <= 128, "two consumer warpgroups of 64 keys")
 
     pid_n = gl.program_id(0)
     kv_head = gl.program_id(1)

@@ -135,3 +135,25 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
         (impl, w, s) for impl in ("fattn_ring", "fattn_single_gpu") for w, s in ((-1, "zigzag"), (16, "contiguous"))}
     assert all(r["ms"] and r["hops"] == [1, 0] for r in rows), rows
     assert all(r["efficiency_vs_single_gpu"] > 0 for r in rows if r["impl"] == "fattn_ring")
+
+
+@pytest.mark.parametrize("script", ["hopper_forward_ab", "hopper_backward_ab"])
+def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
+    # They time sm_90a code; elsewhere they stop with a usage error, after importing every
+    # kernel and spec they launch (a renamed one fails here, not on the next GPU session).
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2 and "needs a Hopper GPU" in result.stderr, result.stdout + result.stderr
+
+
+def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from hopper_backward_ab import hopper_tiles
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert (hopper_tiles(128, 0, None).block_m, hopper_tiles(128, 0, None).block_n) == (64, 128)
+    assert hopper_tiles(256, 1, None).block_n == 64  # the wide-head form
+    assert hopper_tiles(128, 1, 64).block_n == 64  # d128 softcap: a bucket the grid leaves to attn_bwd_dkdv
+    with pytest.raises(SystemExit, match="give --block-n"):
+        hopper_tiles(128, 1, None)

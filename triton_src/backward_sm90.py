@@ -394,4 +394,5 @@ def attn_bwd_dkdv_sm90(
 
 # attn_bwd_dkdv's contract: its parameters (the spec checks the function against them) and constexprs.
 ATTN_BWD_DKDV_SM90 = KernelSpec(attn_bwd_dkdv_sm90, ATTN_BWD_DKDV.params)
-assert ATTN_BWD_DKDV_SM90.constexprs == ATTN_BWD_DKDV.constexprs, "attn_bwd_dkdv_sm90 must take attn_bwd_dkdv's constexprs"
+assert ATTN_BWD_DKDV_SM90.constexprs == ATTN_BWD_DKDV.constexprs, \
+    "attn_bwd_dkdv_sm90 must take attn_bwd_dkdv's constexprs"

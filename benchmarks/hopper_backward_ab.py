@@ -1,0 +1,101 @@
+"""The Hopper dK/dV (triton_src/backward_sm90.py) against attn_bwd_dkdv (triton_src/backward.py)
+on the same inputs, both through Triton's JIT (triton_src/python_launch.py), interleaved: the
+measurement behind configs.json's choice of where the Gluon kernel replaces attn_bwd_dkdv on sm_90
+(the method of benchmarks/hopper_forward_ab.py).
+
+    python benchmarks/hopper_backward_ab.py [--head-dims 64,128,256] [--out hopper_backward_ab.json]
+    python benchmarks/hopper_backward_ab.py --head-dims 128 --softcap 30 --block-n 64   # the wide form at d128
+
+Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not; lse and delta from the
+forward. Both kernels run with the tiles the grid builds for this GPU (aot_build/tuned/sm90.json
+or configs.json for attn_bwd_dkdv, the configs.json "implementations" entry for
+attn_bwd_dkdv_sm90); where the grid builds no attn_bwd_dkdv_sm90 for the bucket and score
+modification, --block-n picks the form (128: two warpgroups of 64 keys, up to d128; 64: the
+wide-head form). TFLOP/s count dK/dV's four products. The two alternate --pairs times, each
+sample the median of 10 timed calls; the figure is the median over the samples. Needs a Hopper
+GPU (the Gluon kernel is sm_90a code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import triton  # noqa: E402
+
+import triton_src.python_launch as launch  # noqa: E402
+from aot_build import grid  # noqa: E402
+from aot_build.tune import Problem, _time_ms, current_config  # noqa: E402
+from triton_src.backward import ATTN_BWD_DKDV  # noqa: E402
+from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
+
+
+def hopper_tiles(bucket: int, score_mod: int, block_n: int | None) -> launch.Tiles:
+    """attn_bwd_dkdv_sm90's tiles for the bucket and score modification: the grid's variant (its
+    BLOCK_N replaced by block_n if given), or 64 x block_n where the grid has none."""
+    variants = [v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": str(bucket)})
+                if v.implementation == "attn_bwd_dkdv_sm90" and v.constant_dict["BLOCK_D"] == bucket
+                and v.constant_dict["SCORE_MOD"] == score_mod]
+    if variants:
+        c = variants[0].constant_dict
+        return launch.Tiles(c["BLOCK_M"], block_n or c["BLOCK_N"], variants[0].num_warps, variants[0].num_stages)
+    if block_n is None:
+        raise SystemExit(f"the grid builds attn_bwd_dkdv_sm90 for no {bucket} bucket with SCORE_MOD {score_mod}: "
+                         "give --block-n (128, or 64 for the wide-head form)")
+    return launch.Tiles(64, block_n, 4, 1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the SCORE_MOD 1 variants")
+    parser.add_argument("--block-n", type=int, default=None, choices=(64, 128),
+                        help="attn_bwd_dkdv_sm90's key tile, which picks its form (default: the grid's)")
+    parser.add_argument("--seqlens", default="1024,4096,16384")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        parser.error("times the sm_90 kernel: needs a Hopper GPU")
+    # The Gluon kernel builds its TMA descriptors in global scratch, which the JIT launch allocates.
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    score_mod = int(args.softcap > 0)
+    rows = []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        kernels = {"attn_bwd_dkdv": (ATTN_BWD_DKDV, launch.Tiles(*current_config("attn_bwd_dkdv", 90, d))),
+                   "attn_bwd_dkdv_sm90": (ATTN_BWD_DKDV_SM90, hopper_tiles(d, score_mod, args.block_n))}
+        for seqlen in (int(x) for x in args.seqlens.split(",")):
+            for causal in (False, True):
+                p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
+                p.prepare_backward()
+                variant = launch.Variant(causal=causal, softcap=args.softcap)
+                samples = {name: [] for name in kernels}
+                for _ in range(args.pairs):
+                    for name, (spec, tiles) in kernels.items():
+                        fn = lambda: launch.backward_dkdv(p.q, p.k, p.v, p.dout, p.lse, p.delta, tiles,  # noqa: E731
+                                                          variant, spec=spec)
+                        samples[name].append(_time_ms(fn, 10))
+                ms = {name: statistics.median(s) for name, s in samples.items()}
+                row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "softcap": args.softcap,
+                       **{f"{name}_tflops": round(2 * p.flops / t / 1e9, 1) for name, t in ms.items()},
+                       "speedup": round(ms["attn_bwd_dkdv"] / ms["attn_bwd_dkdv_sm90"], 3)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                del p
+                torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "triton": triton.__version__, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

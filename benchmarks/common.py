@@ -64,6 +64,19 @@ def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", gra
     return statistics.median(times) / len(calls)
 
 
+def interleaved_ms(fns: dict, pairs: int, reps: int = 10) -> dict:
+    """Median milliseconds per call of each callable in `fns`, timed in turn (A B A B ...) `pairs`
+    times, each sample the median of `reps` calls (aot_build.tune's timer); the figure is the
+    median over the samples, so clock drift touches every one alike. The A/B scripts' measure."""
+    from aot_build.tune import _time_ms
+
+    samples = {name: [] for name in fns}
+    for _ in range(pairs):
+        for name, fn in fns.items():
+            samples[name].append(_time_ms(fn, reps))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
 def _sync(device):
     if device != "cpu":
         torch.cuda.synchronize()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,7 +32,8 @@ import triton  # noqa: E402
 
 import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
-from aot_build.tune import Problem, _time_ms, current_config  # noqa: E402
+from aot_build.tune import Problem, current_config  # noqa: E402
+from common import interleaved_ms  # noqa: E402
 from triton_src.backward import ATTN_BWD_DKDV  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
 
@@ -77,13 +77,9 @@ def main(argv=None) -> int:
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
                 p.prepare_backward()
                 variant = launch.Variant(causal=causal, softcap=args.softcap)
-                samples = {name: [] for name in kernels}
-                for _ in range(args.pairs):
-                    for name, (spec, tiles) in kernels.items():
-                        fn = lambda: launch.backward_dkdv(p.q, p.k, p.v, p.dout, p.lse, p.delta, tiles,  # noqa: E731
-                                                          variant, spec=spec)
-                        samples[name].append(_time_ms(fn, 10))
-                ms = {name: statistics.median(s) for name, s in samples.items()}
+                ms = interleaved_ms({name: (lambda spec=spec, tiles=tiles: launch.backward_dkdv(
+                    p.q, p.k, p.v, p.dout, p.lse, p.delta, tiles, variant, spec=spec))
+                    for name, (spec, tiles) in kernels.items()}, args.pairs)
                 row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "softcap": args.softcap,
                        **{f"{name}_tflops": round(2 * p.flops / t / 1e9, 1) for name, t in ms.items()},
                        "speedup": round(ms["attn_bwd_dkdv"] / ms["attn_bwd_dkdv_sm90"], 3)}

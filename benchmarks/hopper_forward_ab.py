@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,7 +28,8 @@ import triton  # noqa: E402
 
 import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
-from aot_build.tune import Problem, _time_ms, current_config  # noqa: E402
+from aot_build.tune import Problem, current_config  # noqa: E402
+from common import interleaved_ms  # noqa: E402
 from triton_src.forward import ATTN_FWD  # noqa: E402
 from triton_src.forward_sm90 import ATTN_FWD_SM90  # noqa: E402
 
@@ -66,12 +66,8 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
                 variant = launch.Variant(causal=causal)
-                samples = {name: [] for name in kernels}
-                for _ in range(args.pairs):
-                    for name, (spec, tiles) in kernels.items():
-                        fn = lambda: launch.forward(p.q, p.k, p.v, tiles, variant, spec=spec)  # noqa: E731
-                        samples[name].append(_time_ms(fn, 10))
-                ms = {name: statistics.median(s) for name, s in samples.items()}
+                ms = interleaved_ms({name: (lambda spec=spec, tiles=tiles: launch.forward(
+                    p.q, p.k, p.v, tiles, variant, spec=spec)) for name, (spec, tiles) in kernels.items()}, args.pairs)
                 row = {"head_dim": d, "seqlen": seqlen, "causal": causal,
                        **{f"{name}_tflops": round(p.flops / t / 1e9, 1) for name, t in ms.items()},
                        "speedup": round(ms["attn_fwd"] / ms["attn_fwd_sm90"], 3)}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import triton_src.python_launch as launch  # noqa: E402
-from aot_build.tune import Problem, _time_ms, current_config  # noqa: E402
+from aot_build.tune import Problem, current_config  # noqa: E402
+from common import interleaved_ms  # noqa: E402
 
 _exact_shape = launch._shape
 
@@ -38,6 +38,14 @@ def _with_pad_d(pad: bool):
         sizes, constants = _exact_shape(q, k, seqlen_q, seqlen_k)
         return sizes, dict(constants, PAD_D=pad or constants["PAD_D"])
     return shape
+
+
+def _padded(pad: bool, fn):
+    """fn with python_launch's shape arguments set to the padded (pad) or exact-dim code first."""
+    def run():
+        launch._shape = _with_pad_d(pad)
+        return fn()
+    return run
 
 
 def main(argv=None) -> int:
@@ -63,13 +71,9 @@ def main(argv=None) -> int:
                                      launch.backward_dq(*grads, tiles["attn_bwd_dq"], variant)),
             }
             for name, fn in passes.items():
-                samples = {False: [], True: []}
-                for _ in range(args.pairs):
-                    for pad in (False, True):
-                        launch._shape = _with_pad_d(pad)
-                        samples[pad].append(_time_ms(fn, 10))
+                ms = interleaved_ms({pad: _padded(pad, fn) for pad in (False, True)}, args.pairs)
                 launch._shape = _exact_shape
-                exact, padded = statistics.median(samples[False]), statistics.median(samples[True])
+                exact, padded = ms[False], ms[True]
                 row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "pass": name, "exact_ms": round(exact, 4),
                        "padded_ms": round(padded, 4), "padded_over_exact": round(padded / exact, 4)}
                 print(json.dumps(row), flush=True)

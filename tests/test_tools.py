@@ -157,3 +157,18 @@ def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():
     assert hopper_tiles(128, 1, 64).block_n == 64  # d128 softcap: a bucket the grid leaves to attn_bwd_dkdv
     with pytest.raises(SystemExit, match="give --block-n"):
         hopper_tiles(128, 1, None)
+
+
+def test_interleaved_timing_alternates_the_callables():
+    # The A/B scripts' measure (benchmarks/common.py): each sample of one callable is followed by
+    # one of the other, and every callable gets a median of its own.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from common import interleaved_ms
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    calls = []
+    ms = interleaved_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, pairs=3, reps=2)
+    assert set(ms) == {"a", "b"} and all(t >= 0 for t in ms.values())
+    # _time_ms runs one untimed call and `reps` timed ones per sample: runs of 3, alternating.
+    assert calls == (["a"] * 3 + ["b"] * 3) * 3

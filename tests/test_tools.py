@@ -140,7 +140,7 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
 @pytest.mark.parametrize("script", ["hopper_forward_ab", "hopper_backward_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
-    # kernel and spec they launch (a renamed one fails here, not on the next GPU session).
+    # kernel and spec they launch (a renamed one fails here, not on the next GPU run).
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2 and "needs a Hopper GPU" in result.stderr, result.stdout + result.stderr

@@ -5,6 +5,12 @@ measurement behind configs.json's choice of where the Gluon kernel replaces attn
 
     python benchmarks/hopper_backward_ab.py [--head-dims 64,128,256] [--out hopper_backward_ab.json]
     python benchmarks/hopper_backward_ab.py --head-dims 128 --softcap 30 --block-n 64   # the wide form at d128
+    python benchmarks/hopper_backward_ab.py --dq --head-dims 64,128   # dQ in the dK/dV pass, or split
+
+With --dq, the other choice configs.json makes: deterministic=False's dQ accumulated inside
+attn_bwd_dkdv_sm90 (ACCUMULATE_DQ, one launch) against the split path (attn_bwd_dkdv_sm90, then
+attn_bwd_dq), both including the float32 accumulator's zeroing and conversion the op does;
+TFLOP/s then count all five products (dQ, dK, dV).
 
 Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not; lse and delta from the
 forward. Both kernels run with the tiles the grid builds for this GPU (aot_build/tuned/sm90.json
@@ -34,7 +40,6 @@ import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
 from aot_build.tune import Problem, current_config  # noqa: E402
 from common import interleaved_ms  # noqa: E402
-from triton_src.backward import ATTN_BWD_DKDV  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
 
 
@@ -59,6 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the SCORE_MOD 1 variants")
     parser.add_argument("--block-n", type=int, default=None, choices=(64, 128),
                         help="attn_bwd_dkdv_sm90's key tile, which picks its form (default: the grid's)")
+    parser.add_argument("--dq", action="store_true",
+                        help="time dQ accumulated in the dK/dV pass against attn_bwd_dkdv_sm90 + attn_bwd_dq")
     parser.add_argument("--seqlens", default="1024,4096,16384")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
@@ -69,20 +76,31 @@ def main(argv=None) -> int:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     score_mod = int(args.softcap > 0)
     rows = []
+    baseline, candidate = ("split", "accumulate_dq") if args.dq else ("attn_bwd_dkdv", "attn_bwd_dkdv_sm90")
     for d in (int(x) for x in args.head_dims.split(",")):
-        kernels = {"attn_bwd_dkdv": (ATTN_BWD_DKDV, launch.Tiles(*current_config("attn_bwd_dkdv", 90, d))),
-                   "attn_bwd_dkdv_sm90": (ATTN_BWD_DKDV_SM90, hopper_tiles(d, score_mod, args.block_n))}
+        triton_tiles = launch.Tiles(*current_config("attn_bwd_dkdv", 90, d))
+        hopper = hopper_tiles(d, score_mod, args.block_n)
+        dq_tiles = launch.Tiles(*current_config("attn_bwd_dq", 90, d))
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
                 p.prepare_backward()
                 variant = launch.Variant(causal=causal, softcap=args.softcap)
-                ms = interleaved_ms({name: (lambda spec=spec, tiles=tiles: launch.backward_dkdv(
-                    p.q, p.k, p.v, p.dout, p.lse, p.delta, tiles, variant, spec=spec))
-                    for name, (spec, tiles) in kernels.items()}, args.pairs)
+                grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
+                if args.dq:
+                    calls = {"split": lambda: (launch.backward_dkdv(*grads, hopper, variant, spec=ATTN_BWD_DKDV_SM90),
+                                               launch.backward_dq(*grads, dq_tiles, variant)),
+                             "accumulate_dq": lambda: launch.backward_dkdv(*grads, hopper, variant,
+                                                                           spec=ATTN_BWD_DKDV_SM90, accumulate_dq=True)}
+                else:
+                    calls = {"attn_bwd_dkdv": lambda: launch.backward_dkdv(*grads, triton_tiles, variant),
+                             "attn_bwd_dkdv_sm90": lambda: launch.backward_dkdv(*grads, hopper, variant,
+                                                                                spec=ATTN_BWD_DKDV_SM90)}
+                ms = interleaved_ms(calls, args.pairs)
+                products = 2.5 if args.dq else 2  # in units of the forward's two
                 row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "softcap": args.softcap,
-                       **{f"{name}_tflops": round(2 * p.flops / t / 1e9, 1) for name, t in ms.items()},
-                       "speedup": round(ms["attn_bwd_dkdv"] / ms["attn_bwd_dkdv_sm90"], 3)}
+                       **{f"{name}_tflops": round(products * p.flops / t / 1e9, 1) for name, t in ms.items()},
+                       "speedup": round(ms[baseline] / ms[candidate], 3)}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 del p

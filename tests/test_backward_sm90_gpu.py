@@ -4,7 +4,13 @@ elsewhere, and where the build lacks it): which kernel serves which call, and th
 TMA path meets (a key tile's second half past the end, query tiles past the end, GQA groups walked
 through one descriptor, row strides far from head_dim, padded head dims, empty packed sequences),
 every gradient against float64 with the 2x rule. The op-level backward suites run through it as
-well on Hopper."""
+well on Hopper.
+
+At d64 with deterministic=False (flash-attn's default, and these tests') the kernel also
+accumulates dQ (ACCUMULATE_DQ: bulk TMA reductions into a float32 tensor the op converts), so the
+cases here with d40-d64 check that path: query rows past the end and GQA groups through the
+accumulator's descriptor, packed sequences, padded head dims; deterministic=True keeps attn_bwd_dq
+and stays bitwise reproducible."""
 
 import pytest
 import torch
@@ -74,6 +80,43 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
 
 
+@pytest.mark.parametrize("head_dim,deterministic,options,served_by", [
+    (64, False, dict(), "attn_bwd_dkdv_sm90"), (64, False, dict(softcap=30.0, causal=True), "attn_bwd_dkdv_sm90"),
+    (40, False, dict(window_size=(50, 0)), "attn_bwd_dkdv_sm90"), (64, True, dict(), "attn_bwd_dq"),
+    (128, False, dict(), "attn_bwd_dq"), (64, False, dict(p=0.1), "attn_bwd_dq"),
+], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d64-dropout"])
+def test_where_dq_is_accumulated_in_the_dkdv_pass(head_dim, deterministic, options, served_by):
+    # served_by: the kernel that computes dQ. attn_bwd_dq runs exactly when the dK/dV pass does
+    # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 only).
+    q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
+    options = dict(options)
+    p = options.pop("p", 0.0)
+    names = _kernels_launched(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
+    assert (served_by == "attn_bwd_dq") == ("attn_bwd_dq" in names), names
+
+
+def test_deterministic_true_is_bitwise_reproducible_and_false_agrees():
+    torch.manual_seed(11)
+    q, k, v = make_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda")
+    w = torch.randn(2, 1000, 8, 64, device="cuda", dtype=torch.bfloat16)
+
+    def grads(deterministic):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = fattn.flash_attn_func(*leaves, causal=True, deterministic=deterministic)
+        return torch.autograd.grad(out, leaves, w)
+
+    first, second = grads(True), grads(True)
+    for a, b, name in zip(first, second, ("dq", "dk", "dv")):
+        assert torch.equal(a, b), f"deterministic=True: {name} differs between two runs"
+    accumulated = grads(False)
+    for a, b, name in zip(first, accumulated, ("dq", "dk", "dv")):
+        # dK and dV come from the same products in the same order. dQ comes from other kernels:
+        # attn_bwd_dq recomputes P in its own orientation (a dS element may round to another bf16)
+        # and sums in another order; both round float32 sums once: within 2 bf16 ulps of the largest.
+        tol = 0 if name != "dq" else 2 * torch.finfo(torch.bfloat16).eps * a.abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= tol, name
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_k", [1, 63, 64, 65, 127, 129, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -88,9 +131,9 @@ def test_key_tile_halves_past_the_end(seqlen_k, dtype, head_dim):
         check_backward(q, k, v, f"seqlen_k {seqlen_k} causal {causal}", causal=causal)
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("seqlen_q", [1, 63, 65, 1000])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1), (1, 1)])
 def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads, head_dim):
     # Q and dO rows past seqlen_q come in as TMA's zeros and their lse as +inf (P = 0); a kv head's
     # group of query heads is walked through one [seqlen_q, group, head_dim] descriptor.
@@ -100,7 +143,7 @@ def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads, head
         check_backward(q, k, v, f"seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal)
 
 
-@pytest.mark.parametrize("head_dim", [40, 72, 104, 128, 136, 200, 256])
+@pytest.mark.parametrize("head_dim", [40, 56, 72, 104, 128, 136, 200, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     torch.manual_seed(head_dim)
     q, k, v = make_qkv(2, 700, 900, 8, 2, head_dim, torch.bfloat16, "cuda", layout="strided")
@@ -118,7 +161,7 @@ def test_windows_and_score_modifications(options, head_dim):
     check_backward(q, k, v, str(options), causal=True, **options)
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_packed_batch_with_empty_sequences(d):
     # Empty query spans, empty key spans and both: their descriptors have no rows and are never
     # read; keys with no query get dK = dV = 0, and every sequence's gradients are its own.

@@ -164,12 +164,20 @@ def attn_bwd_dkdv(
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     DBias, stride_dbiasb, stride_dbiash, stride_dbiasq, write_dbias,
+    DQAccum, stride_dqab, stride_dqas, stride_dqah,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
+    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr, ACCUMULATE_DQ: tl.constexpr,
 ):
     """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch). Bias and dropout as in attn_fwd; with
     write_dbias != 0, dS (the bias's gradient, unreduced) goes to DBias, float32 [batch, heads,
-    seqlen_q, seqlen_k] (keys contiguous), which the op zero-fills: pairs no query tile visits stay 0."""
+    seqlen_q, seqlen_k] (keys contiguous), which the op zero-fills: pairs no query tile visits stay 0.
+
+    ACCUMULATE_DQ is the contract's deterministic=False form: the kernel also adds each tile
+    pair's dQ (softmax_scale * dS K) into DQAccum, float32 laid out like Q and zeroed by the op,
+    which then launches no attn_bwd_dq; the order of the additions varies between runs. Only
+    the Hopper implementation (backward_sm90.py) has it: configs.json builds no such variant of
+    this kernel."""
+    tl.static_assert(not ACCUMULATE_DQ, "attn_bwd_dkdv has no dQ accumulation (configs.json builds none)")
     pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -366,6 +374,7 @@ ATTN_BWD_DKDV = KernelSpec(attn_bwd_dkdv, [
     tensor("DK"), tensor("DV"),
     *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"), *_PACKING, *_SHAPE,
     Param("DBias", "*fp32"), *strides("dbias", "bhq", aligned=False), i32("write_dbias"),
+    f32_tensor("DQAccum"), *strides("dqa"),
 ])
 ATTN_BWD_DQ = KernelSpec(attn_bwd_dq, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ"),

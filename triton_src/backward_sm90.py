@@ -30,6 +30,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
+from triton.experimental.gluon.language._core import builtin
+from triton._C.libtriton import ir
 
 from .backward import ATTN_BWD_DKDV
 from .common import (
@@ -96,16 +98,58 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
         mbarrier.arrive(ready.index(stage), count=1)
 
 
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Adds the shared-memory tile src into global memory at coord (cp.reduce.async.bulk.tensor
+    .add): the bulk reduction Gluon's tma module has for no op of its own in Triton 3.6."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _accumulate_dq(ds_t, dk, dv, q_tile, k_smem, ds_smem, ds_ready, dqa_desc, dq_smem, t, start_m, g, softmax_scale,
+                   HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr):
+    """dK's product, and this warpgroup's half of the query tile's dQ columns: dS^T goes to shared
+    memory (dK's A operand there), and once the other warpgroup's half is there too (ds_ready:
+    one arrival each, double-buffered), dQ[:, cols] = dS K[:, cols] over both halves' keys, which
+    a bulk TMA reduction adds to the float32 accumulator. Returns dk, dv with no product in flight."""
+    DQ_COLS: gl.constexpr = BLOCK_D // 2
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    buf = t % 2
+    ds_tile = ds_smem.index(buf * 2 + HALF)
+    ds_tile.store(ds_t)
+    fence_async_shared()
+    mbarrier.arrive(ds_ready.index(buf), count=1)
+    dk = warpgroup_mma(ds_tile, q_tile, dk, is_async=True)
+    mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)
+    zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    dq = warpgroup_mma(ds_smem.index(buf * 2).permute((1, 0)),
+                       k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), zero, use_acc=False, is_async=True)
+    dq = warpgroup_mma(ds_smem.index(buf * 2 + 1).permute((1, 0)),
+                       k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq, is_async=True)
+    dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))
+    tma.store_wait(0)  # the previous tile's reduction has read dq_smem
+    dq_smem.reshape([BLOCK_M, DQ_COLS]).store(dq * softmax_scale)
+    fence_async_shared()
+    # A swizzled TMA box spans at most 128 bytes of a row: 32 float32 columns per reduction.
+    for c in gl.static_range(DQ_COLS // 32):
+        _tma_reduce_add(dqa_desc, [start_m, g, HALF * DQ_COLS + c * 32], dq_smem.slice(c * 32, 32, dim=2))
+    return dk, dv
+
+
 @gluon.jit
 def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                 DK, DV, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih,
                 use_alibi, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                 start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
-                window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                window_left, window_right, qk_scale, softcap_log2, softmax_scale, ds_smem, ds_ready, dqa_desc, dq_smem,
                 HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
-                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
+                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr):
     """One consumer warpgroup: keys [start_n + HALF * HALF_N, + HALF_N) of the tile, through every
-    visited query tile of every head of the group, then its rows of dK and dV."""
+    visited query tile of every head of the group, then its rows of dK and dV. With ACCUMULATE_DQ
+    also half of each query tile's dQ columns (the ds_smem, ds_ready, dqa_desc and dq_smem
+    arguments; None without it)."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -164,9 +208,15 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             delta = delta_smem.index(stage).load(row_layout)
             dp_t = warpgroup_mma_wait(1, deps=(dp_t, ))
             ds_t = p_t * (dp_t - delta[None, :])
-            dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
-            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+            if ACCUMULATE_DQ:
+                dk, dv = _accumulate_dq(ds_t.to(dtype), dk, dv, q_tile, k_smem, ds_smem, ds_ready, dqa_desc, dq_smem,
+                                        t, start_m, g, softmax_scale, HALF, BLOCK_M, BLOCK_D)
+            else:
+                dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
+                dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
             mbarrier.arrive(empty.index(stage), count=1)
+        if ACCUMULATE_DQ:
+            tma.store_wait(0)  # the last reduction has read dq_smem before the CTA's shared memory goes
 
     dk = dk * softmax_scale
     rows_o = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, o_layout))
@@ -279,20 +329,24 @@ def attn_bwd_dkdv_sm90(
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     DBias, stride_dbiasb, stride_dbiash, stride_dbiasq, write_dbias,
+    DQAccum, stride_dqab, stride_dqas, stride_dqah,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
+    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, ACCUMULATE_DQ: gl.constexpr,
 ):
     """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0 and 1; Bias, dropout and
     DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N 128: two consumer
     warpgroups of 64 keys (_accumulate, up to head dim 128); BLOCK_N 64: the wide-head form, whose
-    warpgroups share the keys and split the head dim (_accumulate_wide). Launched with 4 warps,
-    warp_specialize adds the rest."""
+    warpgroups share the keys and split the head dim (_accumulate_wide). ACCUMULATE_DQ (BLOCK_N
+    128 only): each warpgroup also computes half of dQ's columns and adds them to DQAccum by bulk
+    TMA reductions (_accumulate_dq). Launched with 4 warps, warp_specialize adds the rest."""
     STAGES: gl.constexpr = 2
     WIDE: gl.constexpr = BLOCK_N == 64
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     if not WIDE:
         gl.static_assert(HALF_N == 64 and BLOCK_D <= 128, "two consumer warpgroups of 64 keys")
+    if ACCUMULATE_DQ:
+        gl.static_assert(not WIDE and BLOCK_D >= 64, "dQ accumulation: the 128-key form, 32-column slices of dQ")
 
     pid_n = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -310,14 +364,17 @@ def attn_bwd_dkdv_sm90(
     v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
     q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + first_head * stride_qh
     do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + first_head * stride_doh
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], tile_layout)
+    # dQ's product reads K by half-width column slices, each of which must start a swizzle pattern.
+    k_swizzle: gl.constexpr = BLOCK_D if ACCUMULATE_DQ and BLOCK_D < swizzle else swizzle
+    k_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=k_swizzle, element_bitwidth=16, rank=2)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], k_layout)
     v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, BLOCK_D], tile_layout)
     q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim], [stride_qs, stride_qh, 1],
                                         [BLOCK_M, 1, BLOCK_D], row3_layout)
     do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim], [stride_dos, stride_doh, 1],
                                          [BLOCK_M, 1, BLOCK_D], row3_layout)
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
@@ -368,19 +425,36 @@ def attn_bwd_dkdv_sm90(
         for b in gl.static_range(2):
             mbarrier.invalidate(tile_ready.index(b))
     else:
+        ds_smem, ds_ready, dqa_desc, dq_smem0, dq_smem1 = None, None, None, None, None
+        if ACCUMULATE_DQ:
+            # dS^T of both warpgroups (double-buffered; ds_ready: one arrival each), the float32
+            # accumulator's descriptor over the group's heads, and a dQ staging tile per warpgroup.
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            ds_smem = gl.allocate_shared_memory(dtype, [4, HALF_N, BLOCK_M], ds_layout)
+            ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for b in gl.static_range(2):
+                mbarrier.init(ds_ready.index(b), count=2)
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+            dqa_base = DQAccum + batch * stride_dqab + q_start.to(gl.int64) * stride_dqas + first_head * stride_dqah
+            dqa_desc = tma.make_tensor_descriptor(dqa_base, [seqlen_q, kv_group_size, head_dim],
+                                                  [stride_dqas, stride_dqah, 1], [BLOCK_M, 1, 32], dq_layout)
+            dq_smem0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
+            dq_smem1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
         gl.warp_specialize([
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
                            q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                           0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+                           ds_smem, ds_ready, dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
+                           ACCUMULATE_DQ)),
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
                            q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                           1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+                           ds_smem, ds_ready, dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
+                           ACCUMULATE_DQ)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),

@@ -187,19 +187,24 @@ def _new_gradient(t, packing):
 
 
 def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
-                  packing: Packing | None = None, want_dbias: bool = False, spec=ATTN_BWD_DKDV):
+                  packing: Packing | None = None, want_dbias: bool = False, spec=ATTN_BWD_DKDV,
+                  accumulate_dq: bool = False):
     """(dk, dv) of attn_bwd_dkdv (or of another kernel with its arguments, `spec`); (dk, dv,
     dbias) with want_dbias (dbias: dS, [batch, heads, seqlen_q, seqlen_k] float32, zero-filled as
-    the op allocates it)."""
+    the op allocates it); dq appended with accumulate_dq (ACCUMULATE_DQ: the kernel adds dQ into
+    a zeroed float32 accumulator, converted to q's dtype here as the op does)."""
     batch, seqlen_q, seqlen_k, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dk, dv = _new_gradient(k, packing), _new_gradient(v, packing)
     shape = (batch, q.shape[-2], seqlen_q, seqlen_k) if want_dbias else (1, 1, 1, 1)
     dbias = torch.zeros(shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.zeros(q.shape if accumulate_dq else (1,) * q.dim(), dtype=torch.float32, device=q.device)
     spec.launch((triton.cdiv(seqlen_k, tiles.block_n), k.shape[-2], batch), num_warps=tiles.num_warps,
                 num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv),
                 DBias=dbias, stride_dbiasb=dbias.stride(0), stride_dbiash=dbias.stride(1),
-                stride_dbiasq=dbias.stride(2), write_dbias=int(want_dbias))
-    return (dk, dv, dbias) if want_dbias else (dk, dv)
+                stride_dbiasq=dbias.stride(2), write_dbias=int(want_dbias),
+                DQAccum=dq_accum, **rows("dqa", dq_accum), ACCUMULATE_DQ=accumulate_dq)
+    grads = (dk, dv, dbias) if want_dbias else (dk, dv)
+    return (*grads, dq_accum.to(q.dtype)) if accumulate_dq else grads
 
 
 def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),

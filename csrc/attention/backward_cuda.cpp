@@ -1,6 +1,9 @@
 // fattn::backward and fattn::varlen_backward on CUDA: delta (preprocess), then dK/dV per key
 // tile, then dQ per query tile. Three launches on one stream, no atomics: bitwise
-// reproducible. One launch sequence serves both layouts (attention/kernel_layout.h).
+// reproducible. With deterministic=False (flash-attn's default) and where the build has it
+// (configs.json: the Hopper dK/dV at d64), the dK/dV pass also adds each tile pair's dQ into a
+// float32 accumulator by bulk reductions, whose order varies between runs, and attn_bwd_dq is
+// not launched. One launch sequence serves both layouts (attention/kernel_layout.h).
 #include <torch/csrc/stable/ops.h>
 
 #include <cstdint>
@@ -28,13 +31,17 @@ Tensor float32_contiguous(const Tensor& t) {
 std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
     const char* op, const AttentionShape& s, const AttentionVariant& variant, std::optional<double> softmax_scale,
     Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const std::optional<Tensor>& dlse,
-    bool bias_grad, const std::optional<Tensor>& cu_seqlens_q = std::nullopt, const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
+    bool bias_grad, bool deterministic, const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
+    const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
     const std::optional<Tensor>& seqused_k = std::nullopt) {
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
   const int64_t score_mod = variant.score_mod();
-  const auto dkdv = choose<attn_bwd_dkdv>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
+  const auto dkdv = choose_or<attn_bwd_dkdv>(op, device, dtype, s.head_dim,
+                                             {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = !deterministic},
+                                             {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = false});
+  const bool dq_in_dkdv = dkdv.constant(attn_bwd_dkdv::ACCUMULATE_DQ) != 0;
   const auto dqk = choose<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
   const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),
                                dim(s.batch)};
@@ -69,11 +76,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   out = aligned_for_kernel(out);
   lse = float32_contiguous(lse);
   Tensor dlse32 = dlse.has_value() ? float32_contiguous(*dlse) : lse;  // not read without HAS_DLSE
+  // Shaped like dq, contiguous (head_dim is a multiple of 8, so its rows are 16-byte aligned as the
+  // TMA needs); zeroed, since every key tile adds into it. Not read without ACCUMULATE_DQ.
+  Tensor dq_accum = dq_in_dkdv ? torch::stable::new_zeros(q, sizes_of(dq), ScalarType::Float) : lse;
   Tensor delta = torch::stable::new_empty(lse, sizes_of(lse));
 
   const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
   const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out),
-                   dos = row_strides(dout), dqs = row_strides(dq), dks = row_strides(dk), dvs = row_strides(dv);
+                   dos = row_strides(dout), dqs = row_strides(dq), dks = row_strides(dk), dvs = row_strides(dv),
+                   dqas = dq_in_dkdv ? row_strides(dq_accum) : RowStrides{0, 0, 0};
   const LseStrides ls = lse_strides(lse);
   kernels::launch_attn_bwd_preprocess(pre, pre_grid, {
       .Out = out.data_ptr(), .DO = dout.data_ptr(), .DLse = dlse32.data_ptr(), .Delta = delta.data_ptr(),
@@ -107,7 +118,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale,
       .DBias = dbias_target.data_ptr(), .stride_dbiasb = bias_grad ? dbias.stride(0) : 0,
       .stride_dbiash = bias_grad ? dbias.stride(1) : 0, .stride_dbiasq = bias_grad ? dbias.stride(2) : 0,
-      .write_dbias = bias_grad ? 1 : 0});
+      .write_dbias = bias_grad ? 1 : 0, .DQAccum = dq_accum.data_ptr(), .stride_dqab = dqas.b,
+      .stride_dqas = dqas.s, .stride_dqah = dqas.h});
+  if (dq_in_dkdv) {
+    torch::stable::copy_(dq, dq_accum);  // to q's dtype
+    return {dq, dk, dv, dbias};
+  }
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DQ = dq.data_ptr(),
@@ -132,7 +148,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
-  (void)deterministic;
   constexpr const char* op = "fattn.backward";
   const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
   check_backward_inputs(op, s, q, dout, out, lse, dlse);
@@ -141,11 +156,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
                               q_segment_ids, kv_segment_ids);
   add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
   check_bias_grad(op, bias, bias_grad);
-  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad);
+  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad, deterministic);
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_ARGS) {
-  (void)deterministic;
   constexpr const char* op = "fattn.varlen_backward";
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                seqused_k, softmax_scale);
@@ -154,7 +168,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_AR
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
   add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
   auto [dq, dk, dv, dbias] = launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, false,
-                                             cu_seqlens_q, cu_seqlens_k, seqused_k);
+                                             deterministic, cu_seqlens_q, cu_seqlens_k, seqused_k);
   return {dq, dk, dv};
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -191,10 +192,21 @@ def test_a_failing_driver_call_names_the_kernel_and_the_process_stays_usable():
     assert after.endswith("{'attempts': 2, 'functions': 1}"), after  # the failed load was retried, not cached
 
 
+# The Hopper kernels (Gluon, warp-specialized; names ending in _sm90) are left out of the sample
+# calls' racecheck and checked one call at a time below: racecheck reports hazards in every
+# warp-specialized Gluon kernel between Triton's own code that hands a partition its values (the
+# default warps store them at the top of shared memory, the partitions load them after a CTA-wide
+# named barrier), also in a 30-line kernel with no fattn code (NOTES.md T12).
+HOPPER_KERNELS = "_sm90"
+CAPTURE_WINDOW = 512  # bytes at the top of shared memory where Triton 3.6 keeps a partition's values
+SHARED_BASE = 0x400  # racecheck's address of a block's first dynamic shared byte on sm_90 (1 KB reserved)
+
+
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer (CUDA toolkit) not on PATH")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_finds_nothing(tool):
-    result = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", sys.executable,
+    only = ["--kernel-name-exclude", f"kns={HOPPER_KERNELS}"] if tool == "racecheck" else []
+    result = subprocess.run(["compute-sanitizer", "--tool", tool, *only, "--error-exitcode", "99", sys.executable,
                              str(HERE / "sanitizer_calls.py")], capture_output=True, text=True, timeout=1500)
     summary = [line for line in result.stdout.splitlines() if "SUMMARY" in line or "calls" in line]
     assert result.returncode == 0, "\n".join(summary) + result.stdout[-3000:] + result.stderr[-2000:]
@@ -203,3 +215,33 @@ def test_compute_sanitizer_finds_nothing(tool):
     clean = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")
     assert any(line in result.stdout for line in clean), result.stdout[-3000:]
     print("\n".join(summary))
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer (CUDA toolkit) not on PATH")
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 only")
+@pytest.mark.parametrize("call", ["forward-d128", "backward-d64", "backward-d64-deterministic", "backward-d256"])
+def test_racecheck_finds_nothing_in_the_hopper_kernels_own_shared_memory(call):
+    # Every shared-memory hazard racecheck reports in the call's Hopper kernel must lie in the top
+    # CAPTURE_WINDOW bytes of the variant's allocation (Triton's partition values, above every
+    # buffer the kernel allocates): the K/V/Q/dO rings, lse/delta, dS^T and dQ staging and the
+    # mbarriers all sit below, so a hazard there fails the test.
+    sys.path.insert(0, str(HERE))
+    from racecheck_hopper_calls import CALLS
+
+    function = CALLS[call][3]
+    if not any(e["function"] == function for e in fattn.build_info()["kernels"]):
+        pytest.skip(f"this build has no {function}")
+    result = subprocess.run(["compute-sanitizer", "--tool", "racecheck", "--racecheck-report", "hazard",
+                             "--kernel-name", f"kns={function}", sys.executable,
+                             str(HERE / "racecheck_hopper_calls.py"), call],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    shared = int(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("shared ")))
+    hazards = re.findall(r"hazard detected at __shared__ (0x[0-9a-f]+)", result.stdout)
+    summary = next(line for line in result.stdout.splitlines() if "RACECHECK SUMMARY" in line)
+    print(summary, f"shared {shared}", sorted(set(hazards))[:20])
+    if "SUMMARY: 0 hazards" not in summary:
+        assert hazards, "racecheck reported hazards this test could not read:\n" + result.stdout[-3000:]
+    outside = sorted({a for a in hazards if not shared - CAPTURE_WINDOW <= int(a, 16) - SHARED_BASE < shared})
+    assert not outside, f"{call}: hazards in the kernel's own shared memory at {outside[:10]}\n" + result.stdout[-3000:]

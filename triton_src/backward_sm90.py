@@ -41,6 +41,12 @@ from .common import (
 from .spec import KernelSpec
 
 LOG2E = gl.constexpr(1.4426950408889634)
+# A warpgroup, though one warp could issue the loads: Triton orders a partition's shared-memory
+# stores before its mbarrier arrival (one elected thread) by a named barrier when the partition
+# has several warps, by bar.warp.sync when it has one, which compute-sanitizer's racecheck does
+# not take for ordering (NOTES.md T12). setmaxnreg works per warpgroup, so the kernel has 12 warps
+# either way.
+PRODUCER_WARPS = gl.constexpr(4)
 
 
 @gluon.jit
@@ -71,7 +77,7 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
     """The producer warp: both halves of K and V, then every head's visited Q, dO, lse and delta
     tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
     after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1."""
-    row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     if n_tiles > 0:
         mbarrier.expect(kv_ready, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for half in gl.static_range(2):
@@ -421,7 +427,7 @@ def attn_bwd_dkdv_sm90(
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
-        ], [4, 1], [240, 24])
+        ], [4, PRODUCER_WARPS], [240, 24])
         for b in gl.static_range(2):
             mbarrier.invalidate(tile_ready.index(b))
     else:
@@ -458,7 +464,7 @@ def attn_bwd_dkdv_sm90(
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
-        ], [4, 1], [240, 24])
+        ], [4, PRODUCER_WARPS], [240, 24])
 
     mbarrier.invalidate(kv_ready)
     for b in gl.static_range(STAGES):

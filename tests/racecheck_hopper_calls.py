@@ -1,0 +1,48 @@
+"""One call that runs one Hopper (Gluon, warp-specialized) kernel variant, for
+test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
+
+    python tests/racecheck_hopper_calls.py forward-d128 | backward-d64 | backward-d64-deterministic | backward-d256
+
+Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import fattn
+
+CALLS = {  # name: (head_dim, backward, deterministic, the kernel function, its constants)
+    "forward-d128": (128, False, False, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
+    "backward-d64": (64, True, False, "attn_bwd_dkdv_sm90", {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 1}),
+    "backward-d64-deterministic": (64, True, True, "attn_bwd_dkdv_sm90",
+                                   {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 0}),
+    "backward-d256": (256, True, False, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
+}
+
+
+def shared_bytes(function: str, constants: dict) -> int:
+    """The bf16 sm_90 variant's shared memory, which must be unique for the call to be classified."""
+    sizes = {e["shared"] for e in fattn.build_info()["kernels"]
+             if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"
+             and all(e["constants"].get(k) == v for k, v in constants.items())}
+    if len(sizes) != 1:
+        raise SystemExit(f"{function} {constants}: the build has variants with shared sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def main(name: str) -> None:
+    head_dim, backward, deterministic, function, constants = CALLS[name]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 200, 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+               for _ in range(3))
+    out = fattn.flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+    if backward:
+        out.backward(torch.ones_like(out))
+    torch.cuda.synchronize()
+    print(f"shared {shared_bytes(function, constants)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

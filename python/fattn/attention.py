@@ -74,8 +74,10 @@ def flash_attn_func(
            -slope * |i + seqlen_k - seqlen_q - j| (after the softcap). Not differentiated.
            flash-attn adds a row-constant-shifted bias under causal; out is the same, lse
            differs by slope * (seqlen_q - 1 - i).
-        deterministic: ask for a bitwise reproducible backward. The current
-           backward kernels use no atomics, so every mode is reproducible.
+        deterministic: True asks for a bitwise reproducible backward (separate dK/dV and
+           dQ kernels). False (the default) allows dQ to be accumulated in float32 inside
+           the dK/dV kernel where the build has it (Hopper, head dim 64 bucket, no bias or
+           dropout), whose additions come in a varying order.
         return_attn_probs: return (out, lse, None) as flash-attn does (its third item, the
            dropout mask, exists only with dropout).
         return_lse: (keyword) also return the log-sum-exp of the scaled scores,

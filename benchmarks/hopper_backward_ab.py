@@ -8,9 +8,10 @@ measurement behind configs.json's choice of where the Gluon kernel replaces attn
     python benchmarks/hopper_backward_ab.py --dq --head-dims 64,128   # dQ in the dK/dV pass, or split
 
 With --dq, the other choice configs.json makes: deterministic=False's dQ accumulated inside
-attn_bwd_dkdv_sm90 (ACCUMULATE_DQ, one launch) against the split path (attn_bwd_dkdv_sm90, then
-attn_bwd_dq), both including the float32 accumulator's zeroing and conversion the op does;
-TFLOP/s then count all five products (dQ, dK, dV).
+attn_bwd_dkdv_sm90 (ACCUMULATE_DQ, one launch; the grid's tile for it, or --block-n) against the
+split path the grid builds without it (its dK/dV kernel, attn_bwd_dkdv_sm90 or attn_bwd_dkdv, then
+attn_bwd_dq), the accumulator's zeroing and conversion included as the op does them; TFLOP/s
+then count all five products (dQ, dK, dV).
 
 Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not; lse and delta from the
 forward. Both kernels run with the tiles the grid builds for this GPU (aot_build/tuned/sm90.json
@@ -40,22 +41,36 @@ import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
 from aot_build.tune import Problem, current_config  # noqa: E402
 from common import interleaved_ms  # noqa: E402
+from triton_src.backward import ATTN_BWD_DKDV  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
 
 
-def hopper_tiles(bucket: int, score_mod: int, block_n: int | None) -> launch.Tiles:
-    """attn_bwd_dkdv_sm90's tiles for the bucket and score modification: the grid's variant (its
-    BLOCK_N replaced by block_n if given), or 64 x block_n where the grid has none."""
-    variants = [v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": str(bucket)})
-                if v.implementation == "attn_bwd_dkdv_sm90" and v.constant_dict["BLOCK_D"] == bucket
-                and v.constant_dict["SCORE_MOD"] == score_mod]
+def _grid_variants(bucket: int, score_mod: int, accumulate_dq: bool) -> list:
+    return [v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": str(bucket)})
+            if v.kernel == "attn_bwd_dkdv" and v.constant_dict["BLOCK_D"] == bucket
+            and v.constant_dict["SCORE_MOD"] == score_mod and v.constant_dict["ACCUMULATE_DQ"] == accumulate_dq]
+
+
+def hopper_tiles(bucket: int, score_mod: int, block_n: int | None, accumulate_dq: bool = False) -> launch.Tiles:
+    """attn_bwd_dkdv_sm90's tiles for the bucket, score modification and ACCUMULATE_DQ: the grid's
+    variant (its BLOCK_N replaced by block_n if given), or 64 x block_n where the grid has none."""
+    variants = [v for v in _grid_variants(bucket, score_mod, accumulate_dq) if v.implementation == "attn_bwd_dkdv_sm90"]
     if variants:
         c = variants[0].constant_dict
         return launch.Tiles(c["BLOCK_M"], block_n or c["BLOCK_N"], variants[0].num_warps, variants[0].num_stages)
     if block_n is None:
-        raise SystemExit(f"the grid builds attn_bwd_dkdv_sm90 for no {bucket} bucket with SCORE_MOD {score_mod}: "
-                         "give --block-n (128, or 64 for the wide-head form)")
+        raise SystemExit(f"the grid builds attn_bwd_dkdv_sm90 for no {bucket} bucket with SCORE_MOD {score_mod}"
+                         f"{' and ACCUMULATE_DQ' if accumulate_dq else ''}: give --block-n (128, or 64 for the "
+                         "wide-head form)")
     return launch.Tiles(64, block_n, 4, 1)
+
+
+def split_dkdv(bucket: int, score_mod: int):
+    """(spec, tiles) of the dK/dV kernel the grid builds without ACCUMULATE_DQ: the split path's
+    first half (attn_bwd_dkdv_sm90 where configs.json has it, else attn_bwd_dkdv)."""
+    if any(v.implementation == "attn_bwd_dkdv_sm90" for v in _grid_variants(bucket, score_mod, False)):
+        return ATTN_BWD_DKDV_SM90, hopper_tiles(bucket, score_mod, None)
+    return ATTN_BWD_DKDV, launch.Tiles(*current_config("attn_bwd_dkdv", 90, bucket))
 
 
 def main(argv=None) -> int:
@@ -79,7 +94,8 @@ def main(argv=None) -> int:
     baseline, candidate = ("split", "accumulate_dq") if args.dq else ("attn_bwd_dkdv", "attn_bwd_dkdv_sm90")
     for d in (int(x) for x in args.head_dims.split(",")):
         triton_tiles = launch.Tiles(*current_config("attn_bwd_dkdv", 90, d))
-        hopper = hopper_tiles(d, score_mod, args.block_n)
+        hopper = hopper_tiles(d, score_mod, args.block_n, accumulate_dq=args.dq)
+        split_spec, split_tiles = split_dkdv(d, score_mod)
         dq_tiles = launch.Tiles(*current_config("attn_bwd_dq", 90, d))
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
@@ -88,7 +104,7 @@ def main(argv=None) -> int:
                 variant = launch.Variant(causal=causal, softcap=args.softcap)
                 grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
                 if args.dq:
-                    calls = {"split": lambda: (launch.backward_dkdv(*grads, hopper, variant, spec=ATTN_BWD_DKDV_SM90),
+                    calls = {"split": lambda: (launch.backward_dkdv(*grads, split_tiles, variant, spec=split_spec),
                                                launch.backward_dq(*grads, dq_tiles, variant)),
                              "accumulate_dq": lambda: launch.backward_dkdv(*grads, hopper, variant,
                                                                            spec=ATTN_BWD_DKDV_SM90, accumulate_dq=True)}

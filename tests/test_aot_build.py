@@ -304,20 +304,23 @@ def test_the_hopper_dkdv_serves_only_its_measured_variants():
         for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps)
-            for v in hopper} == {64: (64, 128, 4), 128: (64, 128, 4), 256: (64, 64, 4)}
+            for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {64: (64, 128, 4), 128: (64, 128, 4),
+                                                                        256: (64, 64, 4)}
     assert all(v.source == "triton_src.backward" for v in variants if not v.implementation)
 
 
 def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
     # deterministic=False's dQ inside the dK/dV pass: the Hopper kernel at d64 with SCORE_MOD 0/1
-    # (1.05-1.14x the split path); every other variant has ACCUMULATE_DQ off, and the op falls back
-    # to it (choose_or), then launches attn_bwd_dq.
+    # (its 128-key form) and at d128 with SCORE_MOD 1 (the wide-head form: 64-key tiles); every
+    # other variant has ACCUMULATE_DQ off, and the op falls back to it (choose_or), then launches
+    # attn_bwd_dq.
     env = {"FATTN_CUDA_ARCHS": "all", "FATTN_HEAD_DIMS": "all"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dkdv"]
     accumulating = [v for v in variants if v.constant_dict["ACCUMULATE_DQ"]]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in accumulating} == {
-        (90, 64, mod, dtype) for mod in (0, 1) for dtype in ("fp16", "bf16")}
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (128, 1)) for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" for v in accumulating)
+    assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in accumulating} == {64: 128, 128: 64}
     without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
     assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3
@@ -335,6 +338,18 @@ def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
     assert artifact.ptx.count("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") == 2
     assert "atom.global" not in artifact.ptx and "red.global" not in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16" in artifact.ptx
+
+
+def test_dq_accumulation_in_the_wide_head_form_compiles(tmp_path):
+    # d128 softcap/ALiBi: the wide-head form, each warpgroup reducing its 64 dQ columns in two
+    # 32-column boxes; its 64 x 64 dQ half leaves the consumers without spills.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
+                   if v.kernel == "attn_bwd_dkdv" and v.constant_dict["ACCUMULATE_DQ"] and v.dtype == "bf16")
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    assert variant.constant_dict["BLOCK_N"] == 64 and variant.constant_dict["SCORE_MOD"] == 1
+    assert artifact.ptx.count("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") == 4
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
+    assert artifact.meta["shared"] <= 232448
 
 
 def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):

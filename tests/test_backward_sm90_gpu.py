@@ -70,11 +70,13 @@ def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
     assert "attn_bwd_dkdv_sm90" in names, names
 
 
-@pytest.mark.parametrize("what", ["dropout", "d128 softcap", "d256 dropout", "head_dim 32"])
+@pytest.mark.parametrize("what", ["dropout", "d128 softcap deterministic", "d256 dropout", "head_dim 32"])
 def test_other_calls_stay_on_attn_bwd_dkdv(what):
     d = {"d256 dropout": 256, "head_dim 32": 32}.get(what, 128)
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
-    options = dict(softcap=30.0) if what == "d128 softcap" else {}
+    # d128 softcap: the 128-key form spills there; only with dQ accumulated (deterministic=False)
+    # does the wide-head form take it.
+    options = dict(softcap=30.0, deterministic=True) if "softcap" in what else {}
     p = 0.1 if "dropout" in what else 0.0
     names = _kernels_launched(lambda: _backward(q, k, v, p, **options))
     assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
@@ -84,7 +86,10 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     (64, False, dict(), "attn_bwd_dkdv_sm90"), (64, False, dict(softcap=30.0, causal=True), "attn_bwd_dkdv_sm90"),
     (40, False, dict(window_size=(50, 0)), "attn_bwd_dkdv_sm90"), (64, True, dict(), "attn_bwd_dq"),
     (128, False, dict(), "attn_bwd_dq"), (64, False, dict(p=0.1), "attn_bwd_dq"),
-], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d64-dropout"])
+    (128, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"), (96, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"),
+    (128, True, dict(softcap=30.0), "attn_bwd_dq"),
+], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d64-dropout", "d128-softcap",
+        "d96-softcap", "d128-softcap-deterministic"])
 def test_where_dq_is_accumulated_in_the_dkdv_pass(head_dim, deterministic, options, served_by):
     # served_by: the kernel that computes dQ. attn_bwd_dq runs exactly when the dK/dV pass does
     # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 only).
@@ -143,6 +148,19 @@ def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads, head
         check_backward(q, k, v, f"seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal)
 
 
+@pytest.mark.parametrize("seqlen_q", [1, 63, 65, 1000])
+@pytest.mark.parametrize("heads,kv_heads", [(8, 1), (4, 4)])
+@pytest.mark.parametrize("head_dim", [72, 128])
+def test_softcap_with_dq_accumulated_in_the_wide_head_form(seqlen_q, heads, kv_heads, head_dim):
+    # d65-d128 with a softcap: 64-key tiles, dQ reduced per query tile from both warpgroups'
+    # columns; query rows past the end clipped by the accumulator's descriptor.
+    torch.manual_seed(seqlen_q + head_dim)
+    q, k, v = make_qkv(2, seqlen_q, 300, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
+    for causal in (False, True):
+        check_backward(q, k, v, f"softcap seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal,
+                       softcap=30.0)
+
+
 @pytest.mark.parametrize("head_dim", [40, 56, 72, 104, 128, 136, 200, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     torch.manual_seed(head_dim)
@@ -152,7 +170,7 @@ def test_strided_views_and_padded_head_dims(head_dim):
 
 @pytest.mark.parametrize("options", [dict(window_size=(100, 37)), dict(softcap=20.0, alibi_slopes="heads")],
                          ids=["window", "softcap-alibi"])
-@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_windows_and_score_modifications(options, head_dim):
     torch.manual_seed(5)
     q, k, v = make_qkv(2, 1000, 1000, 8, 2, head_dim, torch.bfloat16, "cuda")

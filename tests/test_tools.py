@@ -157,6 +157,11 @@ def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():
     assert hopper_tiles(128, 1, 64).block_n == 64  # d128 softcap: a bucket the grid leaves to attn_bwd_dkdv
     with pytest.raises(SystemExit, match="give --block-n"):
         hopper_tiles(128, 1, None)
+    # --dq: the accumulating variant's own tile, and the split path's dK/dV kernel as the grid has it.
+    assert hopper_tiles(64, 0, None, accumulate_dq=True).block_n == 128
+    from hopper_backward_ab import split_dkdv
+
+    assert split_dkdv(64, 0)[0].name == "attn_bwd_dkdv_sm90" and split_dkdv(128, 1)[0].name == "attn_bwd_dkdv"
 
 
 def test_interleaved_timing_alternates_the_callables():

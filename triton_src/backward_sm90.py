@@ -135,13 +135,20 @@ def _accumulate_dq(ds_t, dk, dv, q_tile, k_smem, ds_smem, ds_ready, dqa_desc, dq
     dq = warpgroup_mma(ds_smem.index(buf * 2 + 1).permute((1, 0)),
                        k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq, is_async=True)
     dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))
+    _reduce_dq(dq * softmax_scale, dqa_desc, dq_smem, start_m, g, HALF * DQ_COLS, BLOCK_M, DQ_COLS)
+    return dk, dv
+
+
+@gluon.jit
+def _reduce_dq(dq, dqa_desc, dq_smem, start_m, g, COL0: gl.constexpr, BLOCK_M: gl.constexpr, COLS: gl.constexpr):
+    """Adds dq, a query tile's COLS columns from COL0 on, to the float32 accumulator: through this
+    warpgroup's staging tile in shared memory, by bulk TMA reductions."""
     tma.store_wait(0)  # the previous tile's reduction has read dq_smem
-    dq_smem.reshape([BLOCK_M, DQ_COLS]).store(dq * softmax_scale)
+    dq_smem.reshape([BLOCK_M, COLS]).store(dq)
     fence_async_shared()
     # A swizzled TMA box spans at most 128 bytes of a row: 32 float32 columns per reduction.
-    for c in gl.static_range(DQ_COLS // 32):
-        _tma_reduce_add(dqa_desc, [start_m, g, HALF * DQ_COLS + c * 32], dq_smem.slice(c * 32, 32, dim=2))
-    return dk, dv
+    for c in gl.static_range(COLS // 32):
+        _tma_reduce_add(dqa_desc, [start_m, g, COL0 + c * 32], dq_smem.slice(c * 32, 32, dim=2))
 
 
 @gluon.jit
@@ -238,12 +245,13 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                      empty, tile_ready, DK, DV, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih,
                      use_alibi, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                      start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
-                     window_left, window_right, qk_scale, softcap_log2, softmax_scale,
+                     window_left, window_right, qk_scale, softcap_log2, softmax_scale, dqa_desc, dq_smem,
                      HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
-                     STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
+                     STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr):
     """One consumer warpgroup of the wide-head kernel: S and dP of all BLOCK_M query rows against
     its half of the 64 keys (queries as M), their P^T and dS^T rows into shared memory; once both
-    halves are there, dV and dK of all 64 keys for its half of the head dim."""
+    halves are there, dV and dK of all 64 keys for its half of the head dim, and with
+    ACCUMULATE_DQ the query tile's dQ for the same columns (dqa_desc, dq_smem; None without it)."""
     dtype: gl.constexpr = k_smem.dtype
     BLOCK_N: gl.constexpr = 2 * HALF_N
     HALF_D: gl.constexpr = BLOCK_D // 2
@@ -261,6 +269,7 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
     dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, layout=o_layout)
     dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, layout=o_layout)
     zero = gl.zeros([BLOCK_M, HALF_N], gl.float32, layout=s_layout)
+    zero_dq = gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=o_layout)
     k_half = k_smem.index(HALF)
     v_half = v_smem.index(HALF)
 
@@ -308,8 +317,21 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
             mbarrier.wait(tile_ready.index(buf), (t // 2) & 1)
             dv = warpgroup_mma(pt_smem.index(buf), do_tile.slice(HALF * HALF_D, HALF_D, dim=1), dv, is_async=True)
             dk = warpgroup_mma(dst_smem.index(buf), q_tile.slice(HALF * HALF_D, HALF_D, dim=1), dk, is_async=True)
-            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+            if ACCUMULATE_DQ:
+                # dQ[:, cols] = dS K[:, cols] over the 64 keys: each K half holds 32 of them.
+                ds_t = dst_smem.index(buf)
+                dq = warpgroup_mma(ds_t.slice(0, HALF_N).permute((1, 0)),
+                                   k_smem.index(0).slice(HALF * HALF_D, HALF_D, dim=1), zero_dq, use_acc=False,
+                                   is_async=True)
+                dq = warpgroup_mma(ds_t.slice(HALF_N, HALF_N).permute((1, 0)),
+                                   k_smem.index(1).slice(HALF * HALF_D, HALF_D, dim=1), dq, is_async=True)
+                dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))
+                _reduce_dq(dq * softmax_scale, dqa_desc, dq_smem, start_m, g, HALF * HALF_D, BLOCK_M, HALF_D)
+            else:
+                dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
             mbarrier.arrive(empty.index(stage), count=1)
+        if ACCUMULATE_DQ:
+            tma.store_wait(0)  # the last reduction has read dq_smem before the CTA's shared memory goes
 
     dk = dk * softmax_scale
     keys_o = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
@@ -342,9 +364,10 @@ def attn_bwd_dkdv_sm90(
     """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0 and 1; Bias, dropout and
     DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N 128: two consumer
     warpgroups of 64 keys (_accumulate, up to head dim 128); BLOCK_N 64: the wide-head form, whose
-    warpgroups share the keys and split the head dim (_accumulate_wide). ACCUMULATE_DQ (BLOCK_N
-    128 only): each warpgroup also computes half of dQ's columns and adds them to DQAccum by bulk
-    TMA reductions (_accumulate_dq). Launched with 4 warps, warp_specialize adds the rest."""
+    warpgroups share the keys and split the head dim (_accumulate_wide). ACCUMULATE_DQ (up to
+    d128): each warpgroup also computes half of each query tile's dQ columns and adds them to
+    DQAccum by bulk TMA reductions (_reduce_dq). Launched with 4 warps, warp_specialize adds the
+    rest."""
     STAGES: gl.constexpr = 2
     WIDE: gl.constexpr = BLOCK_N == 64
     HALF_N: gl.constexpr = BLOCK_N // 2
@@ -352,7 +375,8 @@ def attn_bwd_dkdv_sm90(
     if not WIDE:
         gl.static_assert(HALF_N == 64 and BLOCK_D <= 128, "two consumer warpgroups of 64 keys")
     if ACCUMULATE_DQ:
-        gl.static_assert(not WIDE and BLOCK_D >= 64, "dQ accumulation: the 128-key form, 32-column slices of dQ")
+        gl.static_assert(BLOCK_D >= 64 and BLOCK_D <= 128, "dQ accumulation: 32-column slices of dQ, the staging "
+                         "tiles within shared memory")
 
     pid_n = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -403,6 +427,17 @@ def attn_bwd_dkdv_sm90(
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
 
+    dqa_desc, dq_smem0, dq_smem1 = None, None, None
+    if ACCUMULATE_DQ:
+        # The float32 accumulator's descriptor over the group's heads and a dQ staging tile per
+        # warpgroup, each for its half of the columns.
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+        dqa_base = DQAccum + batch * stride_dqab + q_start.to(gl.int64) * stride_dqas + first_head * stride_dqah
+        dqa_desc = tma.make_tensor_descriptor(dqa_base, [seqlen_q, kv_group_size, head_dim],
+                                              [stride_dqas, stride_dqah, 1], [BLOCK_M, 1, 32], dq_layout)
+        dq_smem0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
+        dq_smem1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
+
     if WIDE:
         # P^T and dS^T of the tile pair, each warpgroup storing the rows of its keys; both
         # warpgroups' products read all of them (tile_ready: one arrival each), double-buffered.
@@ -417,13 +452,13 @@ def attn_bwd_dkdv_sm90(
                                 alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
                                 kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
                                 n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                                0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+                                dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ)),
             (_accumulate_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready,
                                 ready, empty, tile_ready, dk_base, dv_base, stride_dks, stride_dvs, Alibi,
                                 alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
                                 kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
                                 n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                                1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD)),
+                                dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
@@ -431,21 +466,14 @@ def attn_bwd_dkdv_sm90(
         for b in gl.static_range(2):
             mbarrier.invalidate(tile_ready.index(b))
     else:
-        ds_smem, ds_ready, dqa_desc, dq_smem0, dq_smem1 = None, None, None, None, None
+        ds_smem, ds_ready = None, None
         if ACCUMULATE_DQ:
-            # dS^T of both warpgroups (double-buffered; ds_ready: one arrival each), the float32
-            # accumulator's descriptor over the group's heads, and a dQ staging tile per warpgroup.
+            # dS^T of both warpgroups, double-buffered (ds_ready: one arrival each).
             ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
             ds_smem = gl.allocate_shared_memory(dtype, [4, HALF_N, BLOCK_M], ds_layout)
             ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             for b in gl.static_range(2):
                 mbarrier.init(ds_ready.index(b), count=2)
-            dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
-            dqa_base = DQAccum + batch * stride_dqab + q_start.to(gl.int64) * stride_dqas + first_head * stride_dqah
-            dqa_desc = tma.make_tensor_descriptor(dqa_base, [seqlen_q, kv_group_size, head_dim],
-                                                  [stride_dqas, stride_dqah, 1], [BLOCK_M, 1, 32], dq_layout)
-            dq_smem0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
-            dq_smem1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
         gl.warp_specialize([
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,

@@ -5,21 +5,27 @@ keys, two consumer warpgroups own 64 keys each; with the keys as the M side of e
 S^T = K Q^T and dP^T = V dO^T, P^T = exp2(S^T - lse), dV += P^T dO, dS^T = P^T (dP^T - delta),
 dK += dS^T Q, with P^T and dS^T in registers as the A operands.
 
-- a producer warp loads the key tile's K and V once, then every visited query tile of every head
-  of the GQA group: Q and dO by TMA (one descriptor each over [seqlen_q, kv_group_size,
-  head_dim], so GQA walks its heads without rebuilding descriptors), and the tile's lse (in the
-  log2 domain, +inf for rows that saw no key or lie past the end) and delta, which it loads and
-  stores into shared memory itself, into a ring of STAGES slots;
+- a producer warpgroup (PRODUCER_WARPS says why not one warp) loads the key tile's K and V once,
+  then every visited query tile of every head of the GQA group: Q and dO by TMA (one descriptor
+  each over [seqlen_q, kv_group_size, head_dim], so GQA walks its heads without rebuilding
+  descriptors), and the tile's lse (in the log2 domain, +inf for rows that saw no key or lie past
+  the end) and delta, which it loads and stores into shared memory itself, into a ring of STAGES
+  slots;
 - each consumer issues S^T and dP^T together, computes P^T as soon as S^T is done and issues
   dV's product before it waits for dP^T, then dS^T and dK's product; no wgmma is in flight
   across the loop's back edge (forward_sm90.py says why).
 
 With BLOCK_N = 64, the wide-head form (_accumulate_wide), for where two 64 x BLOCK_D float32
-accumulators per warpgroup do not fit its registers (configs.json: d256): the key tile is 64 keys
+accumulators per warpgroup do not fit its registers with everything else (configs.json: d256,
+and d128 with softcap/ALiBi and dQ accumulated): the key tile is 64 keys
 shared by both warpgroups, which split the head dim of dK and dV instead. Each computes S and dP
 of its 32 keys (queries as M), stores its rows of P^T and dS^T into shared memory, and once both
 halves are there (an mbarrier with one arrival per warpgroup, double-buffered) issues
 dV += P^T dO and dK += dS^T Q for all 64 keys and its half of the columns.
+
+ACCUMULATE_DQ (deterministic=False, both forms up to d128): the warpgroups share dS^T through
+shared memory, each computes half of the query tile's dQ columns, dQ = dS K[:, cols] over all the
+tile's keys, and adds them to the float32 accumulator by bulk TMA reductions (_reduce_dq).
 
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
 configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
@@ -107,7 +113,7 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
 @builtin
 def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Adds the shared-memory tile src into global memory at coord (cp.reduce.async.bulk.tensor
-    .add): the bulk reduction Gluon's tma module has for no op of its own in Triton 3.6."""
+    .add). Triton 3.6's Gluon tma module has no op for it; its IR builder does."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 

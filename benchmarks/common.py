@@ -77,6 +77,13 @@ def interleaved_ms(fns: dict, pairs: int, reps: int = 10) -> dict:
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def write_ab_rows(path: Path, rows: list) -> None:
+    """The A/B scripts' JSON: the GPU's name, torch's and Triton's versions, and the rows."""
+    triton = _optional_import("triton")
+    path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                "triton": triton and triton.__version__, "rows": rows}, indent=1) + "\n")
+
+
 def _sync(device):
     if device != "cpu":
         torch.cuda.synchronize()

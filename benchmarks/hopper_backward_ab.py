@@ -40,7 +40,7 @@ import triton  # noqa: E402
 import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
 from aot_build.tune import Problem, current_config  # noqa: E402
-from common import interleaved_ms  # noqa: E402
+from common import interleaved_ms, write_ab_rows  # noqa: E402
 from triton_src.backward import ATTN_BWD_DKDV  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
 
@@ -122,8 +122,7 @@ def main(argv=None) -> int:
                 del p
                 torch.cuda.empty_cache()
     if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                        "triton": triton.__version__, "rows": rows}, indent=1) + "\n")
+        write_ab_rows(args.out, rows)
     return 0
 
 

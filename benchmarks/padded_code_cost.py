@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import triton_src.python_launch as launch  # noqa: E402
 from aot_build.tune import Problem, current_config  # noqa: E402
-from common import interleaved_ms  # noqa: E402
+from common import interleaved_ms, write_ab_rows  # noqa: E402
 
 _exact_shape = launch._shape
 
@@ -81,8 +81,7 @@ def main(argv=None) -> int:
             del p
             torch.cuda.empty_cache()
     if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                        "rows": rows}, indent=1) + "\n")
+        write_ab_rows(args.out, rows)
     return 0
 
 

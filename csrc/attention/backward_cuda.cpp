@@ -1,9 +1,10 @@
 // fattn::backward and fattn::varlen_backward on CUDA: delta (preprocess), then dK/dV per key
 // tile, then dQ per query tile. Three launches on one stream, no atomics: bitwise
 // reproducible. With deterministic=False (flash-attn's default) and where the build has it
-// (configs.json: the Hopper dK/dV at d64), the dK/dV pass also adds each tile pair's dQ into a
-// float32 accumulator by bulk reductions, whose order varies between runs, and attn_bwd_dq is
-// not launched. One launch sequence serves both layouts (attention/kernel_layout.h).
+// (configs.json: the Hopper dK/dV at d64, and at d128 with softcap or ALiBi), the dK/dV pass
+// also adds each tile pair's dQ into a float32 accumulator by bulk reductions, whose order
+// varies between runs, and attn_bwd_dq is not launched. One launch sequence serves both layouts
+// (attention/kernel_layout.h).
 #include <torch/csrc/stable/ops.h>
 
 #include <cstdint>

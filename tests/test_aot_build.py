@@ -207,7 +207,8 @@ def _check_outputs(out_dir, manifest, tmp_path):
         # The C++ table carries the same offsets and launch metadata as the manifest.
         entry_tail = (f"{row['shared']}, {row['global_scratch_size']}, {row['global_scratch_align']}, "
                       f"{row['profile_scratch_size']}, {row['cubin_offset']}u, {row['cubin_size']}u, "
-                      f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\"}},")
+                      f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\", "
+                      f"{'true' if row['loops_over_tiles'] else 'false'}}},")
         assert entry_tail in table
         assert (ptx is not None) == (row["arch"] in manifest["ptx_archs"])
         if ptx is None:
@@ -217,6 +218,16 @@ def _check_outputs(out_dir, manifest, tmp_path):
         # Every runtime parameter plus Triton's two scratch pointers appears in the PTX entry.
         entry = ptx[ptx.index(b".entry"):ptx.index(b")", ptx.index(b".entry"))]
         assert entry.count(b".param") == len(row["params"]) + 2
+
+
+def test_only_the_hopper_forward_loops_over_query_tiles():
+    # The forward op gives a kernel fewer programs than query tiles only where the kernel table
+    # says its programs loop over them, which the build copies from the spec: a kernel without
+    # the loop launched that way would leave tiles unwritten.
+    from triton_src import IMPLEMENTATIONS, KERNELS
+
+    looping = {name for name, spec in {**KERNELS, **IMPLEMENTATIONS}.items() if spec.loops_over_tiles}
+    assert looping == {"attn_fwd_sm90"}
 
 
 @pytest.mark.parametrize("packing", ["none", "fatbinary"])

@@ -5,6 +5,10 @@ only its TMA path meets (empty packed sequences, a query tile's second half past
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
 suites (forward, varlen, variants, sinks, head dims, backward) run through it as well on Hopper."""
 
+import json
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -60,6 +64,41 @@ def test_tile_halves_past_the_end(seqlen_q, dtype, head_dim):
     for causal in (False, True):
         out, lse = fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
         check_accuracy(out, lse, q, k, v, None, causal, f"seqlen_q {seqlen_q} causal {causal}")
+
+
+def _hopper_forward_grids(fn):
+    """The grid of each attn_fwd_sm90 launch in fn, read from the profiler's trace."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return [tuple(e["args"]["grid"]) for e in events if e.get("name") == "attn_fwd_sm90" and "grid" in e.get("args", {})]
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("shape", [(4, 1600, 1600, 12, 4), (2, 3824, 3000, 8, 2), (3, 1000, 4000, 16, 2)],
+                         ids=["13-tiles", "30-tiles", "8-tiles-more-keys"])
+def test_programs_that_loop_over_query_tiles(shape, head_dim):
+    # Dense calls give each (head, sequence) fewer programs than query tiles
+    # (csrc/attention/query_tile_programs.cpp): each program runs tiles in snaked rounds, the
+    # last round short for some, with its barriers' phases and its K/V ring running on across
+    # tiles. The grid must be shorter than the tiles, and every row right.
+    b, sq, sk, h, hk = shape
+    torch.manual_seed(sq + head_dim)
+    q, k, v = make_qkv(b, sq, sk, h, hk, head_dim, torch.bfloat16, "cuda")
+    tiles = -(-sq // 128)
+    cases = {"plain": {}, "causal": dict(causal=True), "window+softcap": dict(window_size=(300, 0), softcap=20.0),
+             "causal+sinks": dict(causal=True, sinks=torch.randn(h, device="cuda"))}
+    for what, options in cases.items():
+        grids = _hopper_forward_grids(lambda: fattn.flash_attn_func(q, k, v, return_lse=True, **options))
+        assert grids and all(g[0] < tiles for g in grids), f"{what}: grids {grids} for {tiles} query tiles"
+        out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
+        causal = options.pop("causal", False)
+        check_accuracy(out, lse, q, k, v, None, causal, f"{shape} d{head_dim} {what}", **options)
 
 
 @pytest.mark.parametrize("softmax_scale", [-0.3, 0.0, 0.02])

@@ -1,7 +1,12 @@
 """The Hopper (sm_90) attention forward, in Gluon: attn_fwd's contract (forward.py: the same
-arguments, grid and results), with FlashAttention-3's structure written out, which Triton's own
-scheduler does not produce (NOTES.md T1, T3, T6):
+arguments and results; its grid, or fewer programs per (head, batch): loops_over_tiles), with
+FlashAttention-3's structure written out, which Triton's own scheduler does not produce
+(NOTES.md T1, T3, T6, T13):
 
+- programs that loop over query tiles: a program runs several tiles of its (head, batch)
+  (_program_tile), setting up its descriptors and barriers once and loading the next tile's Q,
+  K and V while it finishes the last; the op picks how many programs
+  (csrc/attention/query_tile_programs.cpp);
 - warp specialization: a producer warp loads the two 64-row halves of the Q tile and every
   visited K and V tile by TMA into a ring of STAGES shared-memory slots (mbarriers for "ready"
   and, two consumer arrivals each, "empty"); two consumer warpgroups own 64 query rows each.
@@ -60,27 +65,54 @@ def _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
-          start_m, lo, full_lo, full_hi, n_full, n_tiles,
-          HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: both halves of the Q tile, then each visited tile's K and V into the
-    ring, a slot refilled once both consumers have released it (k_empty / v_empty, two arrivals
-    each). A fresh mbarrier passes a wait on parity 1, so the first round does not wait."""
-    if n_tiles > 0:
+def _program_tile(k, pid, num_programs, num_m_tiles, heavy_first):
+    """The query tile of the k-th round of program pid (a grid of num_programs per (head,
+    batch)): rounds of num_programs tiles, heaviest first where later tiles see more keys,
+    snaked (the program that takes a round's heaviest tile takes the next round's lightest) so
+    the programs' totals balance. A rank past the last tile gives num_m_tiles: a tile past
+    every sequence's end, which visits no key and stores nothing."""
+    rank = k * num_programs + gl.where(k % 2 == 0, pid, num_programs - 1 - pid)
+    tile = gl.where(heavy_first != 0, num_m_tiles - 1 - rank, rank)
+    return gl.where((tile < 0) | (tile >= num_m_tiles), num_m_tiles, tile)
+
+
+@gluon.jit
+def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+          pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
+          use_segments, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          STAGES: gl.constexpr):
+    """The producer warp: for each of the program's query tiles, both halves of the Q tile
+    (once the consumers have released the previous one: q_empty), then each visited tile's K and
+    V into the ring, a slot refilled once both consumers have released it (k_empty / v_empty,
+    two arrivals each). The ring's position runs on across query tiles, so the next tile's K
+    and V load while the consumers finish this one. A fresh mbarrier passes a wait on parity
+    1, so the first round does not wait."""
+    it = 0
+    for k in range(n_rounds):
+        start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
+        lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                           use_segments, BLOCK_M, BLOCK_N)
+        # Every tile passes q_ready, with or without a load: a consumer releases the buffer (q_empty)
+        # only after it, so neither side gets two phases ahead of the other.
         for half in gl.static_range(2):
-            mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [start_m + half * HALF_M, 0], q_ready.index(half),
-                                            q_smem.index(half))
-    for i in range(n_tiles):
-        stage = i % STAGES
-        free_phase = ((i // STAGES) & 1) ^ 1
-        start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
-        mbarrier.wait(k_empty.index(stage), free_phase)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
-        mbarrier.wait(v_empty.index(stage), free_phase)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+            mbarrier.wait(q_empty.index(half), (k & 1) ^ 1)
+            if n_tiles > 0:
+                mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [start_m + half * HALF_M, 0], q_ready.index(half),
+                                                q_smem.index(half))
+            else:
+                mbarrier.arrive(q_ready.index(half), count=1)
+        for i in range(n_tiles):
+            stage = it % STAGES
+            free_phase = ((it // STAGES) & 1) ^ 1
+            start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
+            mbarrier.wait(k_empty.index(stage), free_phase)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
+            mbarrier.wait(v_empty.index(stage), free_phase)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+            it += 1
 
 
 @gluon.jit
@@ -117,18 +149,21 @@ def _softmax(s, m_i, l_i, scale):
 
 
 @gluon.jit
-def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-            Lse, lse_base, Sinks, head, use_sinks, q_seg_base, kv_seg_base, use_segments,
-            start_m, seqlen_q, seqlen_k, lo, full_lo, full_hi, n_full, n_tiles, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2,
-            HALF: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-            STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
-    """One consumer warpgroup: query rows [start_m + HALF * HALF_M, + HALF_M) of the tile, through
-    every visited key tile, then its rows of Out and Lse.
+def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                 lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
+                 seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                 HALF: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_STAGING: gl.constexpr):
+    """One consumer warpgroup on one query tile: rows [start_m + HALF * HALF_M, + HALF_M),
+    through every visited key tile, then its rows of Out and Lse; k is the tile's round. it (key
+    tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
+    other warpgroup's do; returns them updated.
 
     Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for S(j), computes tile j's
     softmax while the second product runs, then waits for it: no wgmma is in flight across the
-    loop's back edge, which keeps ptxas from serializing them (an S(j+1) carried across it did)."""
+    loop's back edge, which keeps ptxas from serializing them (an S(j+1) carried across it did).
+    The turns run on across query tiles too: the second warpgroup's single opening arrival (in
+    _attend) keeps the first one a turn ahead, whatever each tile's length."""
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -138,6 +173,8 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
+    lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                       use_segments, BLOCK_M, BLOCK_N)
     row0 = start_m + HALF * HALF_M
     rows = row0 + gl.arange(0, HALF_M, layout=row_layout)
     # What _softmax multiplies the scores _scores returns by: qk_scale where _scores left them
@@ -150,41 +187,36 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
     diagonal = seqlen_k - seqlen_q
     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
 
-    # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 at m = its logit.
-    m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([HALF_M], gl.float32, layout=row_layout)
-    if use_sinks != 0:
-        m_i = gl.zeros([HALF_M], gl.float32, layout=row_layout) + gl.load(Sinks + head) * LOG2E
-        l_i = gl.zeros([HALF_M], gl.float32, layout=row_layout) + 1.0
+    # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 at m = its logit
+    # (sink_log2 is -inf without one).
+    m_i = gl.zeros([HALF_M], gl.float32, layout=row_layout) + sink_log2
+    l_i = gl.where(m_i == float("-inf"), 0.0, 1.0)
     acc = gl.zeros([HALF_M, BLOCK_D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
     q_tile = q_smem.index(HALF)
 
+    mbarrier.wait(q_ready.index(HALF), k & 1)
     if n_tiles > 0:
-        mbarrier.wait(q_ready.index(HALF), 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
+        s = warpgroup_mma(q_tile, k_smem.index(it % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(it % STAGES), count=1)
         start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
         scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
                          qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
         p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        if HALF == 1:
-            mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
-        turn_phase = 0
 
         for j in range(1, n_tiles):
             # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
             # warpgroup, so that its softmax runs while these products use the tensor cores.
             mbarrier.wait(turn.index(HALF), turn_phase)
-            stage = j % STAGES
-            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            stage = (it + j) % STAGES
+            mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
             s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
-            prev = (j - 1) % STAGES
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            prev = (it + j - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             mbarrier.arrive(turn.index(1 - HALF), count=1)
             turn_phase ^= 1
@@ -201,11 +233,17 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
             mbarrier.arrive(v_empty.index(prev), count=1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-        last = (n_tiles - 1) % STAGES
+        if not O_STAGING:  # Q's last product is done: the producer may load the next tile's
+            mbarrier.arrive(q_empty.index(HALF), count=1)
+        last = (it + n_tiles - 1) % STAGES
         acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        it += n_tiles
+    elif not O_STAGING:
+        mbarrier.arrive(q_empty.index(HALF), count=1)
 
     # common.softmax_finish: rows that saw no key give out 0 and lse -inf (or the sink's).
     l_o = gl.convert_layout(l_i, orow_layout)
@@ -213,16 +251,48 @@ def _attend(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
     out = acc / gl.where(empty, 1.0, l_o)[:, None]
     lse = gl.where(empty, float("-inf"), (gl.convert_layout(m_i, orow_layout) + gl.log2(l_o)) * LN2)
 
-    # Out through this half's Q buffer (its last product is done) and TMA, which clips rows past
-    # the sequence and columns past head_dim. A half past its sequence's end (or an empty
-    # sequence, whose descriptor has no rows) stores nothing.
+    # Out through shared memory and TMA, which clips rows past the sequence and columns past
+    # head_dim: o_smem (the previous tile's store finished reading it first), or with
+    # O_STAGING this half's Q buffer, released to the producer once the store has read it. A
+    # half past its sequence's end (or an empty sequence, whose descriptor has no rows) stores
+    # nothing.
     if row0 < seqlen_q:
-        q_tile.store(out.to(dtype))
+        if O_STAGING:
+            staging = q_tile
+        else:
+            staging = o_smem.index(HALF)
+            tma.store_wait(0)
+        staging.store(out.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], q_tile)
+        tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)
         orows = row0 + gl.arange(0, HALF_M, layout=orow_layout)
         gl.store(lse_base + orows, lse, mask=orows < seqlen_q)
+    if O_STAGING:
         tma.store_wait(0)
+        mbarrier.arrive(q_empty.index(HALF), count=1)
+    return it, turn_phase
+
+
+@gluon.jit
+def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+            lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+            pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
+            qk_scale, softcap_log2, alibi_log2,
+            HALF: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_STAGING: gl.constexpr):
+    """One consumer warpgroup through the program's query tiles (_program_tile's order)."""
+    if HALF == 1:
+        mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
+    it = 0
+    turn_phase = 0
+    for k in range(n_rounds):
+        start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
+        it, turn_phase = _attend_tile(
+            q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+            lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
+            seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+            HALF, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_STAGING)
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -244,22 +314,29 @@ def attn_fwd_sm90(
 ):
     """attn_fwd's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are not
     read (the op sends those calls to attn_fwd). Launched with 4 warps (the first consumer
-    warpgroup); warp_specialize adds the second consumer and the producer warp."""
+    warpgroup); warp_specialize adds the second consumer and the producer warp.
+
+    The grid's first axis may be shorter than cdiv(seqlen_q, BLOCK_M): each program then runs
+    several query tiles of its (head, batch) (_program_tile), building the TMA descriptors and
+    barriers once and loading the next tile's Q, K and V while it finishes the last one."""
     STAGES: gl.constexpr = 2
     HALF_M: gl.constexpr = BLOCK_M // 2
+    # Out is staged in its own buffer where shared memory has room for one (the next tile's Q
+    # then loads during this tile's last product), else in the Q buffer.
+    O_STAGING: gl.constexpr = BLOCK_D > 128
     dtype: gl.constexpr = Q.dtype.element_ty
     gl.static_assert(HALF_M == 64, "two consumer warpgroups of 64 query rows")
 
-    num_m_tiles = gl.num_programs(0)
-    pid_m = gl.program_id(0)
-    if window_right >= 0:  # later query tiles are heavier: run them first
-        pid_m = num_m_tiles - 1 - pid_m
+    num_m_tiles = gl.cdiv(seqlen_q, BLOCK_M)  # the dense (or longest) length, before sequence_span
+    pid = gl.program_id(0)
+    num_programs = gl.num_programs(0)
+    n_rounds = gl.cdiv(num_m_tiles, num_programs)
+    heavy_first = (window_right >= 0).to(gl.int32)  # later query tiles see more keys
     head = gl.program_id(1)
     batch = gl.program_id(2).to(gl.int64)
     kv_head = head // kv_group_size
     q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
     k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
-    start_m = pid_m * BLOCK_M
 
     swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
     tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
@@ -275,7 +352,12 @@ def attn_fwd_sm90(
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
+    if O_STAGING:
+        o_smem = q_smem
+    else:
+        o_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -283,6 +365,7 @@ def attn_fwd_sm90(
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(2):
         mbarrier.init(q_ready.index(b), count=1)
+        mbarrier.init(q_empty.index(b), count=1)
         mbarrier.init(turn.index(b), count=1)
     for b in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(b), count=1)
@@ -290,31 +373,36 @@ def attn_fwd_sm90(
         mbarrier.init(k_empty.index(b), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(b), count=2)
 
-    lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                       use_segments, BLOCK_M, BLOCK_N)
     alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
     if SCORE_MOD:
         if use_alibi != 0:
             alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
+    sink_log2 = qk_scale * 0.0 + float("-inf")
+    if use_sinks != 0:
+        sink_log2 = gl.load(Sinks + head) * LOG2E
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
 
     gl.warp_specialize([
-        (_attend, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                   Lse, lse_base, Sinks, head, use_sinks, q_seg_base, kv_seg_base, use_segments,
-                   start_m, seqlen_q, seqlen_k, lo, full_lo, full_hi, n_full, n_tiles, window_left, window_right,
-                   qk_scale, softcap_log2, alibi_log2, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
-        (_attend, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                   Lse, lse_base, Sinks, head, use_sinks, q_seg_base, kv_seg_base, use_segments,
-                   start_m, seqlen_q, seqlen_k, lo, full_lo, full_hi, n_full, n_tiles, window_left, window_right,
-                   qk_scale, softcap_log2, alibi_log2, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
-        (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
-                 start_m, lo, full_lo, full_hi, n_full, n_tiles, HALF_M, BLOCK_N, STAGES)),
+        (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                   lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                   pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                   window_right, qk_scale, softcap_log2, alibi_log2,
+                   0, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_STAGING)),
+        (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                   lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                   pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                   window_right, qk_scale, softcap_log2, alibi_log2,
+                   1, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_STAGING)),
+        (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                 pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                 window_right, use_segments, BLOCK_M, HALF_M, BLOCK_N, STAGES)),
     ], [4, 1], [240, 24])
 
     for b in gl.static_range(2):
         mbarrier.invalidate(q_ready.index(b))
+        mbarrier.invalidate(q_empty.index(b))
         mbarrier.invalidate(turn.index(b))
     for b in gl.static_range(STAGES):
         mbarrier.invalidate(k_ready.index(b))
@@ -324,5 +412,5 @@ def attn_fwd_sm90(
 
 
 # attn_fwd's contract: its parameters (the spec checks the function against them) and constexprs.
-ATTN_FWD_SM90 = KernelSpec(attn_fwd_sm90, ATTN_FWD.params)
+ATTN_FWD_SM90 = KernelSpec(attn_fwd_sm90, ATTN_FWD.params, loops_over_tiles=True)
 assert ATTN_FWD_SM90.constexprs == ATTN_FWD.constexprs, "attn_fwd_sm90 must take attn_fwd's constexprs"

@@ -92,10 +92,15 @@ def f32(name: str) -> Param:
 class KernelSpec:
     """The runtime signature of one @triton.jit kernel, checked against the kernel itself."""
 
-    def __init__(self, kernel, params: list[Param]):
+    def __init__(self, kernel, params: list[Param], loops_over_tiles: bool = False):
+        """loops_over_tiles: each program loops over tiles of the grid's first axis (program x
+        runs some of tiles x, x + gx, ...; the kernel's docstring says which), so a launch may
+        give that axis fewer programs than tiles, down to one. The build records it in the
+        kernel table, and the op sizes the grid by it (csrc/attention/query_tile_programs.h)."""
         self.kernel = kernel
         self.name: str = kernel.fn.__name__
         self.params: tuple[Param, ...] = tuple(params)
+        self.loops_over_tiles = loops_over_tiles
         arguments = _kernel_arguments(kernel)
         runtime = [name for name, is_constexpr in arguments if not is_constexpr]
         declared = [p.name for p in self.params]

@@ -4,6 +4,8 @@
 
 #include "attention/attention_variant.h"
 #include "attention/kernel_layout.h"
+#include "attention/query_tile_programs.h"
+#include "runtime/cuda_driver.h"
 #include "ops.h"
 
 namespace fattn {
@@ -20,10 +22,17 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
                                           const std::optional<Tensor>& seqused_k = std::nullopt) {
   const auto fwd = choose<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
                                     {.SCORE_MOD = variant.score_mod()});
-  const runtime::Grid grid{ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M)), dim(s.heads), dim(s.batch)};
+  const bool packed = cu_seqlens_q.has_value();
+  const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
+  // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
+  // short programs itself.
+  const int64_t programs = fwd.loops_over_tiles() && !packed
+      ? query_tile_programs(tiles, s.heads * s.batch, cuda::multiprocessor_count(q.get_device_index()),
+                            variant.window_right >= 0)
+      : tiles;
+  const runtime::Grid grid{dim(programs), dim(s.heads), dim(s.batch)};
   check_grid(op, grid, "query tiles", "heads", "batch");
 
-  const bool packed = cu_seqlens_q.has_value();
   // Packed outputs start zeroed: rows outside every sequence are never written.
   Tensor out = packed ? torch::stable::new_zeros(q, sizes_of(q))
                       : torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});

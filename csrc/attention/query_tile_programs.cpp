@@ -1,0 +1,31 @@
+#include "attention/query_tile_programs.h"
+
+#include <limits>
+
+namespace fattn {
+
+namespace {
+// A program's setup (descriptors, barriers, the first loads, the last store), in query tiles'
+// time, as the H100 measured it (NOTES.md T13).
+constexpr int64_t kSetupTiles = 2;
+// At most this many query tiles with a right edge: one tile per program measured faster
+// (d256, 512 tokens, causal: two tiles per program ran at 0.86x).
+constexpr int64_t kShortHeavyFirst = 4;
+}  // namespace
+
+int64_t query_tile_programs(int64_t tiles, int64_t sequence_heads, int64_t sms, bool heavy_first) {
+  if (tiles <= 1 || sms <= 0 || (heavy_first && tiles <= kShortHeavyFirst)) return tiles;
+  // The fewest waves of the longest programs: waves x (tiles per program + setup). At least
+  // two programs per pair: their loads of the pair's K and V coincide and share L2 (one per
+  // pair read them from memory twice over and ran at 0.6-0.8x from 1k to 2k tokens).
+  int64_t best = tiles, best_cost = std::numeric_limits<int64_t>::max();
+  for (int64_t g = 2; g <= tiles; ++g) {
+    const int64_t waves = (sequence_heads * g + sms - 1) / sms;
+    if (waves * (1 + kSetupTiles) >= best_cost) break;  // waves only grow with g
+    const int64_t cost = waves * ((tiles + g - 1) / g + kSetupTiles);
+    if (cost < best_cost) best = g, best_cost = cost;
+  }
+  return best;
+}
+
+}  // namespace fattn

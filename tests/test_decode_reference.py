@@ -115,3 +115,27 @@ def test_reference_softcap_and_window_change_the_result():
     assert not torch.allclose(plain, kvcache_reference(q, k_cache, v_cache, softmax_scale=1.0, window_size=(-1, 0))[0])
     # Any negative bound is no bound.
     torch.testing.assert_close(plain, kvcache_reference(q, k_cache, v_cache, softmax_scale=1.0, window_size=(-7, -40))[0])
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotated_queries_round_to_the_given_dtype(interleaved):
+    # The op rounds the rotated queries to its q's dtype: a float64 reference of a bf16 call
+    # (q.double() in) rounds them to bf16 with rotated_q_dtype, and then equals the reference over
+    # queries rotated and rounded beforehand; without it they stay unrounded, a different result.
+    from fattn.reference import rotary_reference
+
+    torch.manual_seed(5)
+    q = torch.randn(2, 3, 4, 32, dtype=torch.bfloat16)
+    k_cache = torch.randn(2, 40, 2, 32, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    angles = torch.rand(64, 8, dtype=torch.float64) * 6.3
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    lengths = seqlens_tensor([10, 30], "cpu")
+    call = dict(causal=True, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+    rounded = kvcache_reference(q.double(), k_cache, v_cache, lengths, rotated_q_dtype=torch.bfloat16, **call)
+    exact = kvcache_reference(q.double(), k_cache, v_cache, lengths, **call)
+    positions = lengths[:, None] + torch.arange(3)  # causal: query t at cache_seqlens[b] + t
+    q_rot = rotary_reference(q, cos, sin, positions, interleaved).to(torch.bfloat16)
+    want = kvcache_reference(q_rot.double(), k_cache, v_cache, lengths, causal=True)
+    assert torch.equal(rounded[0], want[0]) and torch.equal(rounded[1], want[1])
+    assert not torch.equal(exact[0], want[0])

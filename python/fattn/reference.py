@@ -101,7 +101,7 @@ def rotary_reference(x, cos, sin, positions, interleaved, dtype=torch.float64):
 def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
                       causal=False, window_size=(-1, -1), softcap=0.0, k=None, v=None,
                       dtype=torch.float64, alibi_slopes=None, sinks=None, rotary_cos=None, rotary_sin=None,
-                      rotary_interleaved=True, cache_batch_idx=None, cache_leftpad=None):
+                      rotary_interleaved=True, cache_batch_idx=None, cache_leftpad=None, rotated_q_dtype=None):
     """(out, lse) of decoding over a KV cache (fattn.flash_attn_with_kvcache), computed in `dtype`.
 
     Plain PyTorch, one sequence at a time (their lengths differ). The caches are never modified:
@@ -120,7 +120,9 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     those of the cache); rotary_cos/rotary_sin [seqlen_ro, rotary_dim / 2] rotate the new keys at
     cache_seqlens[b] + i (stored in the cache's dtype, as the append stores them) and q at
     cache_seqlens[b] + t when the mask is causal or local (a window side below the capacity), at
-    cache_seqlens[b] for every t otherwise (rotary_reference), rounded to q's dtype.
+    cache_seqlens[b] for every t otherwise (rotary_reference), rounded to q's dtype, or to
+    rotated_q_dtype where given: the op rounds them to its q's dtype, so a float64 reference of a
+    bf16 call passes q.double() and rotated_q_dtype=torch.bfloat16.
     """
     out_dtype = q.dtype
     batch, seqlen_q, heads, head_dim = q.shape
@@ -159,7 +161,8 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         steps = torch.arange(seqlen_q, device=q.device) if per_token else torch.zeros(seqlen_q, dtype=torch.long,
                                                                                        device=q.device)
         # The rotated queries are operands in q's dtype, as the rotated keys are stored in the cache's.
-        q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype).to(out_dtype)
+        q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype).to(
+            rotated_q_dtype or out_dtype)
 
     outs, lses = [], []
     for b in range(batch):

@@ -117,8 +117,10 @@ def new_tokens(batch, seqlen_new, kv_heads, head_dim, dtype, device):
 
 
 def references(q, k_cache, v_cache, cache_seqlens, block_table, k, v, **kw):
-    """(float64 out, lse) and the same computation in q's own dtype (the rounding baseline)."""
-    ref_out, ref_lse = kvcache_reference(q.double(), k_cache, v_cache, cache_seqlens, block_table, k=k, v=v, **kw)
+    """(float64 out, lse) and the same computation in q's own dtype (the rounding baseline). The
+    float64 reference's rotated queries are rounded to q's dtype, as the op's are: its operands."""
+    ref_out, ref_lse = kvcache_reference(q.double(), k_cache, v_cache, cache_seqlens, block_table, k=k, v=v,
+                                         rotated_q_dtype=q.dtype, **kw)
     low_out, _ = kvcache_reference(q, k_cache, v_cache, cache_seqlens, block_table, k=k, v=v, dtype=q.dtype, **kw)
     return ref_out, ref_lse, low_out
 

@@ -76,7 +76,8 @@ def _hopper_forward_grids(fn):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    return [tuple(e["args"]["grid"]) for e in events if e.get("name") == "attn_fwd_sm90" and "grid" in e.get("args", {})]
+    return [tuple(e["args"]["grid"]) for e in events
+            if e.get("name") == "attn_fwd_sm90" and "grid" in e.get("args", {})]
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])

@@ -153,7 +153,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                  lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
                  seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
                  HALF: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_STAGING: gl.constexpr):
+                 BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
     """One consumer warpgroup on one query tile: rows [start_m + HALF * HALF_M, + HALF_M),
     through every visited key tile, then its rows of Out and Lse; k is the tile's round. it (key
     tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
@@ -233,7 +233,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
             mbarrier.arrive(v_empty.index(prev), count=1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-        if not O_STAGING:  # Q's last product is done: the producer may load the next tile's
+        if not O_IN_Q_BUFFER:  # Q's last product is done: the producer may load the next tile's
             mbarrier.arrive(q_empty.index(HALF), count=1)
         last = (it + n_tiles - 1) % STAGES
         acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
@@ -242,7 +242,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(last), count=1)
         it += n_tiles
-    elif not O_STAGING:
+    elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(HALF), count=1)
 
     # common.softmax_finish: rows that saw no key give out 0 and lse -inf (or the sink's).
@@ -253,11 +253,11 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 
     # Out through shared memory and TMA, which clips rows past the sequence and columns past
     # head_dim: o_smem (the previous tile's store finished reading it first), or with
-    # O_STAGING this half's Q buffer, released to the producer once the store has read it. A
+    # O_IN_Q_BUFFER this half's Q buffer, released to the producer once the store has read it. A
     # half past its sequence's end (or an empty sequence, whose descriptor has no rows) stores
     # nothing.
     if row0 < seqlen_q:
-        if O_STAGING:
+        if O_IN_Q_BUFFER:
             staging = q_tile
         else:
             staging = o_smem.index(HALF)
@@ -267,7 +267,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
         tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)
         orows = row0 + gl.arange(0, HALF_M, layout=orow_layout)
         gl.store(lse_base + orows, lse, mask=orows < seqlen_q)
-    if O_STAGING:
+    if O_IN_Q_BUFFER:
         tma.store_wait(0)
         mbarrier.arrive(q_empty.index(HALF), count=1)
     return it, turn_phase
@@ -279,7 +279,7 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
             qk_scale, softcap_log2, alibi_log2,
             HALF: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_STAGING: gl.constexpr):
+            BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
     """One consumer warpgroup through the program's query tiles (_program_tile's order)."""
     if HALF == 1:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
@@ -291,7 +291,7 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
             seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-            HALF, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_STAGING)
+            HALF, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)
     tma.store_wait(0)
 
 
@@ -323,7 +323,7 @@ def attn_fwd_sm90(
     HALF_M: gl.constexpr = BLOCK_M // 2
     # Out is staged in its own buffer where shared memory has room for one (the next tile's Q
     # then loads during this tile's last product), else in the Q buffer.
-    O_STAGING: gl.constexpr = BLOCK_D > 128
+    O_IN_Q_BUFFER: gl.constexpr = BLOCK_D > 128
     dtype: gl.constexpr = Q.dtype.element_ty
     gl.static_assert(HALF_M == 64, "two consumer warpgroups of 64 query rows")
 
@@ -352,7 +352,7 @@ def attn_fwd_sm90(
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
-    if O_STAGING:
+    if O_IN_Q_BUFFER:
         o_smem = q_smem
     else:
         o_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
@@ -389,12 +389,12 @@ def attn_fwd_sm90(
                    lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                    pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                    window_right, qk_scale, softcap_log2, alibi_log2,
-                   0, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_STAGING)),
+                   0, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
         (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                    lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                    pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                    window_right, qk_scale, softcap_log2, alibi_log2,
-                   1, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_STAGING)),
+                   1, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
         (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                  pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                  window_right, use_segments, BLOCK_M, HALF_M, BLOCK_N, STAGES)),

@@ -4,12 +4,17 @@ behind configs.json's choice of where the Gluon kernel replaces attn_fwd on sm_9
 
     python benchmarks/hopper_forward_ab.py [--head-dims 128,256] [--out hopper_forward_ab.json]
     python benchmarks/hopper_forward_ab.py --head-dims 64 --block-n 128   # a bucket it does not serve
+    python benchmarks/hopper_forward_ab.py --programs 2   # 2 programs per (head, batch), as the op may
 
 Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not. Both kernels run with the tiles
 the grid builds for this GPU (aot_build/tuned/sm90.json for attn_fwd, the configs.json
 "implementations" entry for attn_fwd_sm90); for a bucket the grid does not build attn_fwd_sm90 in,
---block-n gives its key tile (128 query rows: two warpgroups of 64). The two alternate --pairs times, each sample the median of 10 timed calls; the figure is
-the median over the samples. Needs a Hopper GPU (the Gluon kernel is sm_90a code).
+--block-n gives its key tile (128 query rows: two warpgroups of 64). attn_fwd_sm90 runs one
+query tile per program unless --programs gives it that many per (head, batch) (its programs loop
+over query tiles; the op picks the number itself, csrc/attention/query_tile_programs.cpp, which
+the benchmark CLI measures). The two alternate --pairs times, each sample the median of 10 timed
+calls; the figure is the median over the samples. Needs a Hopper GPU (the Gluon kernel is sm_90a
+code).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", default="128,256")
     parser.add_argument("--block-n", type=int, default=None, help="attn_fwd_sm90's key tile (default: the grid's)")
     parser.add_argument("--seqlens", default="512,1024,4096,16384")
+    parser.add_argument("--programs", type=int, default=None,
+                        help="attn_fwd_sm90's programs per (head, batch) (default: one per query tile)")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -60,14 +67,15 @@ def main(argv=None) -> int:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):
-        kernels = {"attn_fwd": (ATTN_FWD, launch.Tiles(*current_config("attn_fwd", 90, d))),
-                   "attn_fwd_sm90": (ATTN_FWD_SM90, _hopper_tiles(d, args.block_n))}
+        kernels = {"attn_fwd": (ATTN_FWD, launch.Tiles(*current_config("attn_fwd", 90, d)), None),
+                   "attn_fwd_sm90": (ATTN_FWD_SM90, _hopper_tiles(d, args.block_n), args.programs)}
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
                 variant = launch.Variant(causal=causal)
-                ms = interleaved_ms({name: (lambda spec=spec, tiles=tiles: launch.forward(
-                    p.q, p.k, p.v, tiles, variant, spec=spec)) for name, (spec, tiles) in kernels.items()}, args.pairs)
+                ms = interleaved_ms({name: (lambda spec=spec, tiles=tiles, programs=programs: launch.forward(
+                    p.q, p.k, p.v, tiles, variant, spec=spec, programs=programs))
+                    for name, (spec, tiles, programs) in kernels.items()}, args.pairs)
                 row = {"head_dim": d, "seqlen": seqlen, "causal": causal,
                        **{f"{name}_tflops": round(p.flops / t / 1e9, 1) for name, t in ms.items()},
                        "speedup": round(ms["attn_fwd"] / ms["attn_fwd_sm90"], 3)}

@@ -117,3 +117,20 @@ def test_every_implementation_keeps_its_familys_contract():
             assert spec.constexprs == KERNELS[family].constexprs, impl["kernel"]
             assert spec.kernel.fn.__module__ == impl["source"], impl["kernel"]
     assert used == set(IMPLEMENTATIONS), "an implementation configs.json never builds"
+
+
+def test_the_python_launch_gives_fewer_programs_only_to_kernels_that_loop():
+    # python_launch.forward's `programs` shortens the grid's first axis; a kernel whose programs
+    # run one query tile each would leave the others unwritten, so it is refused before a launch.
+    import torch
+
+    from triton_src import python_launch as launch
+    from triton_src.forward import ATTN_FWD
+    from triton_src.forward_sm90 import ATTN_FWD_SM90
+
+    q = torch.zeros(1, 256, 2, 64)
+    tiles = launch.Tiles(128, 128, 4, 1)
+    with pytest.raises(ValueError, match="attn_fwd runs one query tile per program"):
+        launch.forward(q, q, q, tiles, spec=ATTN_FWD, programs=1)
+    with pytest.raises(ValueError, match="attn_fwd_sm90 takes one or more"):
+        launch.forward(q, q, q, tiles, spec=ATTN_FWD_SM90, programs=0)

@@ -58,7 +58,6 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config:
             "raw_cubin_size": len(art.cubin), "raw_cubin_sha256": hashlib.sha256(art.cubin).hexdigest(),
             "ptx_offset": ptx_offset, "ptx_size": len(ptx_image),
             "raw_ptx_size": len(art.ptx.encode()),
-            "loops_over_tiles": _spec_of(art).loops_over_tiles,
         })
     blob_path = out_dir / "kernels.bin"
     _write_if_changed(blob_path, bytes(blob))
@@ -128,7 +127,7 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
             f"{row['num_warps']}, {row['num_stages']}, {row['shared']}, "
             f"{row['global_scratch_size']}, {row['global_scratch_align']}, {row['profile_scratch_size']}, "
             f"{row['cubin_offset']}u, {row['cubin_size']}u, {row['ptx_offset']}u, {row['ptx_size']}u, "
-            f"{_c_string(row['function'])}, {'true' if row['loops_over_tiles'] else 'false'}}},")
+            f"{_c_string(row['function'])}}},")
     if not rows:
         lines.append("  {}")  # keeps the array legal; kernel_table_size() reports 0
     lines += [
@@ -144,13 +143,6 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
         "",
     ]
     return "\n".join(lines)
-
-
-def _spec_of(art: Artifact):
-    """The spec of the function compiled into `art` (a family's kernel or an implementation)."""
-    from .signatures import kernel_spec
-
-    return kernel_spec(art.variant.implementation or art.variant.kernel)
 
 
 def _launchers_h(config: dict) -> str:

@@ -1,8 +1,8 @@
 """One call that runs one Hopper (Gluon, warp-specialized) kernel variant, for
 test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
 
-    python tests/racecheck_hopper_calls.py forward-d128 | backward-d64 | backward-d64-deterministic |
-                                           backward-d128-softcap | backward-d256
+    python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | backward-d64 |
+                                           backward-d64-deterministic | backward-d128-softcap | backward-d256
 
 Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`."""
 
@@ -16,6 +16,7 @@ import fattn
 
 CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel function, its constants)
     "forward-d128": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
+    "forward-d64": (64, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 64, "SCORE_MOD": 0}),
     "backward-d64": (64, True, False, 0.0, "attn_bwd_dkdv_sm90",
                      {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 1}),
     "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90",
@@ -24,6 +25,9 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
                               {"BLOCK_D": 128, "SCORE_MOD": 1, "ACCUMULATE_DQ": 1}),
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
 }
+# Queries per call: 200, but d64 runs the Hopper forward from 4096 queries only
+# (csrc/attention/query_tile_programs.h).
+SEQLEN_Q = {"forward-d64": 4096}
 
 
 def shared_bytes(function: str, constants: dict) -> int:
@@ -39,8 +43,9 @@ def shared_bytes(function: str, constants: dict) -> int:
 def main(name: str) -> None:
     head_dim, backward, deterministic, softcap, function, constants = CALLS[name]
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 200, 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-               for _ in range(3))
+    q = torch.randn(1, SEQLEN_Q.get(name, 200), 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k, v = (torch.randn(1, 200, 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+            for _ in range(2))
     out = fattn.flash_attn_func(q, k, v, causal=True, softcap=softcap, deterministic=deterministic)
     if backward:
         out.backward(torch.ones_like(out))

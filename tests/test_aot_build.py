@@ -207,8 +207,7 @@ def _check_outputs(out_dir, manifest, tmp_path):
         # The C++ table carries the same offsets and launch metadata as the manifest.
         entry_tail = (f"{row['shared']}, {row['global_scratch_size']}, {row['global_scratch_align']}, "
                       f"{row['profile_scratch_size']}, {row['cubin_offset']}u, {row['cubin_size']}u, "
-                      f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\", "
-                      f"{'true' if row['loops_over_tiles'] else 'false'}}},")
+                      f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\"}},")
         assert entry_tail in table
         assert (ptx is not None) == (row["arch"] in manifest["ptx_archs"])
         if ptx is None:
@@ -220,14 +219,26 @@ def _check_outputs(out_dir, manifest, tmp_path):
         assert entry.count(b".param") == len(row["params"]) + 2
 
 
-def test_only_the_hopper_forward_loops_over_query_tiles():
-    # The forward op gives a kernel fewer programs than query tiles only where the kernel table
-    # says its programs loop over them, which the build copies from the spec: a kernel without
-    # the loop launched that way would leave tiles unwritten.
+def test_tile_loop_variants_are_exactly_the_looping_kernels():
+    # The forward op gives a variant fewer programs than query tiles only where its TILE_LOOP
+    # flag is set: a kernel without the loop launched that way would leave tiles unwritten (each
+    # kernel also asserts the value it takes), and one with it is built only so.
+    from aot_build.signatures import kernel_spec
     from triton_src import IMPLEMENTATIONS, KERNELS
 
     looping = {name for name, spec in {**KERNELS, **IMPLEMENTATIONS}.items() if spec.loops_over_tiles}
     assert looping == {"attn_fwd_sm90"}
+    variants = [v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "all"}) if "TILE_LOOP" in v.constant_dict]
+    assert {v.kernel for v in variants} == {"attn_fwd"}
+    for v in variants:
+        assert v.constant_dict["TILE_LOOP"] == kernel_spec(v.implementation or v.kernel).loops_over_tiles, v.label
+    # The op's choice by length (csrc/attention/query_tile_programs.h) has two variants at d64 on
+    # sm_90 without score modifications; d128 and d256 loop at every length.
+    both = {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in variants
+            if v.arch == 90 and v.constant_dict["TILE_LOOP"]} & {
+        (v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in variants
+        if v.arch == 90 and not v.constant_dict["TILE_LOOP"]}
+    assert both == {(64, 0, dtype) for dtype in ("fp16", "bf16")}
 
 
 @pytest.mark.parametrize("packing", ["none", "fatbinary"])
@@ -281,17 +292,18 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
 
 def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
-    # sm_90, buckets 128 and 256, SCORE_MOD 0 and 1, with its own tiles; every other attn_fwd
-    # variant is the family's own.
+    # sm_90, buckets 128 and 256 with SCORE_MOD 0 and 1 and bucket 64 with SCORE_MOD 0, TILE_LOOP,
+    # with its own tiles; every other attn_fwd variant is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
     hopper = [v for v in variants if v.implementation]
-    assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in hopper} == {
-        (90, d, mod, dtype) for d in (128, 256) for mod in (0, 1) for dtype in ("fp16", "bf16")}
+    assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["TILE_LOOP"], v.dtype)
+            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1)
+                                 for dtype in ("fp16", "bf16") if d > 64 or mod == 0}
     assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
-    assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in hopper} == {128: 128, 256: 64}
+    assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in hopper} == {64: 128, 128: 128, 256: 64}
     others = [v for v in variants if not v.implementation]
-    assert len(others) == len(variants) - 8 and all(v.source == "triton_src.forward" for v in others)
+    assert len(others) == len(variants) - 10 and all(v.source == "triton_src.forward" for v in others)
     # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
     assert {tuple(n for n, _ in v.constants) for v in variants} == {tuple(n for n, _ in hopper[0].constants)}
 

@@ -1,5 +1,6 @@
 """The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
-sm_90 implementation for the 128 and 256 head-dim buckets, SCORE_MOD 0 and 1) on a Hopper GPU
+sm_90 implementation for the 64, 128 and 256 head-dim buckets, SCORE_MOD 0 and 1; at 64 for long
+queries only) on a Hopper GPU
 (skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
 only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
@@ -100,6 +101,34 @@ def test_programs_that_loop_over_query_tiles(shape, head_dim):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
         causal = options.pop("causal", False)
         check_accuracy(out, lse, q, k, v, None, causal, f"{shape} d{head_dim} {what}", **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_head_dim_64_picks_its_kernel_by_length(dtype):
+    # d64 has both kernels on sm_90 without score modifications (configs.json): dense queries from
+    # 4096 rows run the looping Hopper kernel, shorter ones, packed sequences and the softcap
+    # attn_fwd (csrc/attention/query_tile_programs.h).
+    b, sq, sk, h, hk = 2, 4500, 3000, 16, 4
+    torch.manual_seed(sq)
+    q, k, v = make_qkv(b, sq, sk, h, hk, 64, dtype, "cuda")
+    tiles = -(-sq // 128)
+    cases = {"plain": {}, "causal": dict(causal=True), "window": dict(window_size=(300, 0)),
+             "causal+sinks": dict(causal=True, sinks=torch.randn(h, device="cuda"))}
+    for what, options in cases.items():
+        grids = _hopper_forward_grids(lambda: fattn.flash_attn_func(q, k, v, **options))
+        assert grids and all(g[0] < tiles for g in grids), f"{what}: grids {grids} for {tiles} query tiles"
+        out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
+        short = _kernels_launched(lambda: fattn.flash_attn_func(q[:, :4095], k, v, **options))
+        assert "attn_fwd" in short and "attn_fwd_sm90" not in short, f"{what}, 4095 queries: {short}"
+        causal = options.pop("causal", False)
+        check_accuracy(out, lse, q, k, v, None, causal, f"d64 {dtype} {what}", **options)
+    cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
+    packed = _kernels_launched(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+                                                                    cu, cu_k, sq, sk))
+    assert "attn_fwd" in packed and "attn_fwd_sm90" not in packed, f"packed: {packed}"
+    softcap = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
+    assert "attn_fwd" in softcap and "attn_fwd_sm90" not in softcap, f"softcap: {softcap}"
 
 
 @pytest.mark.parametrize("softmax_scale", [-0.3, 0.0, 0.02])

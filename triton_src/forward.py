@@ -117,9 +117,11 @@ def attn_fwd(
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
+    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr, TILE_LOOP: tl.constexpr,
 ):
-    """Grid: (cdiv(seqlen_q, BLOCK_M), heads, batch).
+    """Grid: (cdiv(seqlen_q, BLOCK_M), heads, batch): one program per query tile. TILE_LOOP
+    (programs that loop over query tiles, for a shorter first axis) is the Hopper
+    implementation's; here it is always false.
 
     Lse is float32, natural log, at Lse + batch * stride_lseb + head * stride_lseh + row
     ([batch, heads, seqlen_q], or [heads, total_q] packed). kv_group_size = q heads per kv
@@ -138,6 +140,7 @@ def attn_fwd(
     dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
     1 / keep probability.
     """
+    tl.static_assert(not TILE_LOOP, "attn_fwd runs one query tile per program")
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
     # fill the tail.

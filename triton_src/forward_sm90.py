@@ -1,5 +1,5 @@
 """The Hopper (sm_90) attention forward, in Gluon: attn_fwd's contract (forward.py: the same
-arguments and results; its grid, or fewer programs per (head, batch): loops_over_tiles), with
+arguments and results; its grid, or fewer programs per (head, batch): TILE_LOOP), with
 FlashAttention-3's structure written out, which Triton's own scheduler does not produce
 (NOTES.md T1, T3, T6, T13):
 
@@ -310,15 +310,17 @@ def attn_fwd_sm90(
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
+    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr,
 ):
     """attn_fwd's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are not
     read (the op sends those calls to attn_fwd). Launched with 4 warps (the first consumer
     warpgroup); warp_specialize adds the second consumer and the producer warp.
 
-    The grid's first axis may be shorter than cdiv(seqlen_q, BLOCK_M): each program then runs
-    several query tiles of its (head, batch) (_program_tile), building the TMA descriptors and
-    barriers once and loading the next tile's Q, K and V while it finishes the last one."""
+    TILE_LOOP (always true here): the grid's first axis may be shorter than cdiv(seqlen_q,
+    BLOCK_M); each program then runs several query tiles of its (head, batch) (_program_tile),
+    building the TMA descriptors and barriers once and loading the next tile's Q, K and V while
+    it finishes the last one."""
+    gl.static_assert(TILE_LOOP, "attn_fwd_sm90's programs loop over query tiles")
     STAGES: gl.constexpr = 2
     HALF_M: gl.constexpr = BLOCK_M // 2
     # Out is staged in its own buffer where shared memory has room for one (the next tile's Q

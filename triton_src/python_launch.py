@@ -156,7 +156,7 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
     tiles_m = triton.cdiv(seqlen_q, tiles.block_m)
     spec.launch((tiles_m if programs is None else min(programs, tiles_m), q.shape[-2], batch),
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-                SCORE_MOD=variant.score_mod, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
+                SCORE_MOD=variant.score_mod, TILE_LOOP=spec.loops_over_tiles, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
                 **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,
                 **variant_args, **variant.sink_args(q.device))
     return out, lse

@@ -95,8 +95,10 @@ class KernelSpec:
     def __init__(self, kernel, params: list[Param], loops_over_tiles: bool = False):
         """loops_over_tiles: each program loops over tiles of the grid's first axis (program x
         runs some of tiles x, x + gx, ...; the kernel's docstring says which), so a launch may
-        give that axis fewer programs than tiles, down to one. The build records it in the
-        kernel table, and the op sizes the grid by it (csrc/attention/query_tile_programs.h)."""
+        give that axis fewer programs than tiles, down to one. Such a kernel takes the family's
+        TILE_LOOP flag as true (it asserts so, and the others assert false): configs.json builds
+        its variants with TILE_LOOP, the op reads the flag of the variant it chose and sizes the
+        grid by it (csrc/attention/query_tile_programs.h), and the Python launch passes it."""
         self.kernel = kernel
         self.name: str = kernel.fn.__name__
         self.params: tuple[Param, ...] = tuple(params)

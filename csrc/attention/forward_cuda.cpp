@@ -20,13 +20,17 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
                                           const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
                                           const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
                                           const std::optional<Tensor>& seqused_k = std::nullopt) {
-  const auto fwd = choose<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
-                                    {.SCORE_MOD = variant.score_mod()});
   const bool packed = cu_seqlens_q.has_value();
+  // Where the build has both kernels of a bucket, the length picks one; elsewhere the one
+  // built serves every length.
+  const bool tile_loop = prefers_tile_loop(s.seqlen_q, packed);
+  const auto fwd = choose_or<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
+                                       {.SCORE_MOD = variant.score_mod(), .TILE_LOOP = tile_loop},
+                                       {.SCORE_MOD = variant.score_mod(), .TILE_LOOP = !tile_loop});
   const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
   // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
   // short programs itself.
-  const int64_t programs = fwd.loops_over_tiles() && !packed
+  const int64_t programs = fwd.constant(attn_fwd::TILE_LOOP) && !packed
       ? query_tile_programs(tiles, s.heads * s.batch, cuda::multiprocessor_count(q.get_device_index()),
                             variant.window_right >= 0)
       : tiles;

@@ -1,12 +1,19 @@
 // How many programs the attention forward gives each (head, sequence) when its kernel loops
-// over query tiles (runtime::Variant::loops_over_tiles, the Hopper forward): fewer programs
-// than tiles set up their TMA descriptors and barriers once and load the next tile while they
+// over query tiles (attn_fwd's TILE_LOOP variants, the Hopper forward): fewer programs than
+// tiles set up their TMA descriptors and barriers once and load the next tile while they
 // finish the last, and a grid of about one wave leaves no tail of short programs.
 #pragma once
 
 #include <cstdint>
 
 namespace fattn {
+
+// Whether the forward asks for a TILE_LOOP variant first. Where the build has both (d64 on
+// sm_90, configs.json), dense queries of at least 4096 rows run the looping kernel, which
+// measured 1.03-1.09x the one-tile kernel there on the H100 and 0.47-1.00x from 512 to 2048
+// rows (NOTES.md T14); packed sequences run one tile per program either way, so they keep the
+// one-tile kernel. Where the build has one of the two, it serves every length.
+bool prefers_tile_loop(int64_t seqlen_q, bool packed);
 
 // Programs per (head, sequence) for `tiles` query tiles each, `sequence_heads` (head, sequence)
 // pairs and `sms` multiprocessors; `heavy_first`: later query tiles see more keys (causal, a

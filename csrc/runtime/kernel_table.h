@@ -42,9 +42,6 @@ struct KernelEntry {
   // Each image is what cuModuleLoadData takes: a compressed fatbinary (the driver
   // decompresses it at first load), or a raw cubin / NUL-terminated PTX.
   const char* function_name;
-  // The kernel's programs loop over the query tiles of the grid's first axis (KernelSpec's
-  // loops_over_tiles): a launch may give that axis fewer programs than tiles.
-  bool loops_over_tiles;
 
   const unsigned char* cubin() const;
   const char* ptx() const;

@@ -31,7 +31,6 @@ template <typename K>
 struct Variant {
   LaunchTarget target;
   int64_t constant(typename K::Constant c) const { return target.entry->constants[c].value; }
-  bool loops_over_tiles() const { return target.entry->loops_over_tiles; }
 };
 
 // `value` as the kernel's int32 parameter `name`; throws naming both when it does not fit.

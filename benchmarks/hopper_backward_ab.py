@@ -6,12 +6,17 @@ measurement behind configs.json's choice of where the Gluon kernel replaces attn
     python benchmarks/hopper_backward_ab.py [--head-dims 64,128,256] [--out hopper_backward_ab.json]
     python benchmarks/hopper_backward_ab.py --head-dims 128 --softcap 30 --block-n 64   # the wide form at d128
     python benchmarks/hopper_backward_ab.py --dq --head-dims 64,128   # dQ in the dK/dV pass, or split
+    python benchmarks/hopper_backward_ab.py --dq-kernel --head-dims 128   # the Hopper dQ kernel
 
 With --dq, the other choice configs.json makes: deterministic=False's dQ accumulated inside
 attn_bwd_dkdv_sm90 (ACCUMULATE_DQ, one launch; the grid's tile for it, or --block-n) against the
 split path the grid builds without it (its dK/dV kernel, attn_bwd_dkdv_sm90 or attn_bwd_dkdv, then
-attn_bwd_dq), the accumulator's zeroing and conversion included as the op does them; TFLOP/s
-then count all five products (dQ, dK, dV).
+its dQ kernel, attn_bwd_dq_sm90 or attn_bwd_dq), the accumulator's zeroing and conversion included
+as the op does them; TFLOP/s then count all five products (dQ, dK, dV).
+
+With --dq-kernel, the split path's second half: attn_bwd_dq_sm90 (triton_src/backward_dq_sm90.py;
+the grid's tile, or 128 x 64 where the grid builds none) against attn_bwd_dq; TFLOP/s count dQ's
+three products.
 
 Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not; lse and delta from the
 forward. Both kernels run with the tiles the grid builds for this GPU (aot_build/tuned/sm90.json
@@ -41,7 +46,8 @@ import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
 from aot_build.tune import Problem, current_config  # noqa: E402
 from common import interleaved_ms, write_ab_rows  # noqa: E402
-from triton_src.backward import ATTN_BWD_DKDV  # noqa: E402
+from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ  # noqa: E402
+from triton_src.backward_dq_sm90 import ATTN_BWD_DQ_SM90  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
 
 
@@ -73,6 +79,23 @@ def split_dkdv(bucket: int, score_mod: int):
     return ATTN_BWD_DKDV, launch.Tiles(*current_config("attn_bwd_dkdv", 90, bucket))
 
 
+def hopper_dq_tiles(bucket: int, score_mod: int) -> launch.Tiles | None:
+    """attn_bwd_dq_sm90's tiles where the grid builds it for the bucket and score modification."""
+    for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": str(bucket)}):
+        c = v.constant_dict
+        if v.implementation == "attn_bwd_dq_sm90" and c["BLOCK_D"] == bucket and c["SCORE_MOD"] == score_mod:
+            return launch.Tiles(c["BLOCK_M"], c["BLOCK_N"], v.num_warps, v.num_stages)
+    return None
+
+
+def split_dq(bucket: int, score_mod: int):
+    """(spec, tiles) of the dQ kernel the grid builds: the split path's second half."""
+    hopper = hopper_dq_tiles(bucket, score_mod)
+    if hopper is not None:
+        return ATTN_BWD_DQ_SM90, hopper
+    return ATTN_BWD_DQ, launch.Tiles(*current_config("attn_bwd_dq", 90, bucket))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,128,256")
@@ -81,6 +104,7 @@ def main(argv=None) -> int:
                         help="attn_bwd_dkdv_sm90's key tile, which picks its form (default: the grid's)")
     parser.add_argument("--dq", action="store_true",
                         help="time dQ accumulated in the dK/dV pass against attn_bwd_dkdv_sm90 + attn_bwd_dq")
+    parser.add_argument("--dq-kernel", action="store_true", help="time attn_bwd_dq_sm90 against attn_bwd_dq")
     parser.add_argument("--seqlens", default="1024,4096,16384")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
@@ -91,12 +115,15 @@ def main(argv=None) -> int:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     score_mod = int(args.softcap > 0)
     rows = []
-    baseline, candidate = ("split", "accumulate_dq") if args.dq else ("attn_bwd_dkdv", "attn_bwd_dkdv_sm90")
+    baseline, candidate = (("split", "accumulate_dq") if args.dq else ("attn_bwd_dq", "attn_bwd_dq_sm90")
+                           if args.dq_kernel else ("attn_bwd_dkdv", "attn_bwd_dkdv_sm90"))
     for d in (int(x) for x in args.head_dims.split(",")):
         triton_tiles = launch.Tiles(*current_config("attn_bwd_dkdv", 90, d))
-        hopper = hopper_tiles(d, score_mod, args.block_n, accumulate_dq=args.dq)
+        hopper = None if args.dq_kernel else hopper_tiles(d, score_mod, args.block_n, accumulate_dq=args.dq)
         split_spec, split_tiles = split_dkdv(d, score_mod)
-        dq_tiles = launch.Tiles(*current_config("attn_bwd_dq", 90, d))
+        dq_spec, dq_tiles = split_dq(d, score_mod)
+        triton_dq_tiles = launch.Tiles(*current_config("attn_bwd_dq", 90, d))
+        hopper_dq = hopper_dq_tiles(d, score_mod) or launch.Tiles(128, 64, 4, 1)
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
@@ -105,15 +132,19 @@ def main(argv=None) -> int:
                 grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
                 if args.dq:
                     calls = {"split": lambda: (launch.backward_dkdv(*grads, split_tiles, variant, spec=split_spec),
-                                               launch.backward_dq(*grads, dq_tiles, variant)),
+                                               launch.backward_dq(*grads, dq_tiles, variant, spec=dq_spec)),
                              "accumulate_dq": lambda: launch.backward_dkdv(*grads, hopper, variant,
                                                                            spec=ATTN_BWD_DKDV_SM90, accumulate_dq=True)}
+                elif args.dq_kernel:
+                    calls = {"attn_bwd_dq": lambda: launch.backward_dq(*grads, triton_dq_tiles, variant),
+                             "attn_bwd_dq_sm90": lambda: launch.backward_dq(*grads, hopper_dq, variant,
+                                                                            spec=ATTN_BWD_DQ_SM90)}
                 else:
                     calls = {"attn_bwd_dkdv": lambda: launch.backward_dkdv(*grads, triton_tiles, variant),
                              "attn_bwd_dkdv_sm90": lambda: launch.backward_dkdv(*grads, hopper, variant,
                                                                                 spec=ATTN_BWD_DKDV_SM90)}
                 ms = interleaved_ms(calls, args.pairs)
-                products = 2.5 if args.dq else 2  # in units of the forward's two
+                products = 2.5 if args.dq else 1.5 if args.dq_kernel else 2  # in units of the forward's two
                 row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "softcap": args.softcap,
                        **{f"{name}_tflops": round(products * p.flops / t / 1e9, 1) for name, t in ms.items()},
                        "speedup": round(ms[baseline] / ms[candidate], 3)}

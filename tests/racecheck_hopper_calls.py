@@ -2,7 +2,8 @@
 test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
 
     python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | backward-d64 |
-                                           backward-d64-deterministic | backward-d128-softcap | backward-d256
+                                           backward-d64-deterministic | backward-d128-softcap | backward-d256 |
+                                           dq-d128
 
 Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`."""
 
@@ -24,6 +25,7 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
     "backward-d128-softcap": (128, True, False, 30.0, "attn_bwd_dkdv_sm90",
                               {"BLOCK_D": 128, "SCORE_MOD": 1, "ACCUMULATE_DQ": 1}),
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
+    "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
 }
 # Queries per call: 200, but d64 runs the Hopper forward from 4096 queries only
 # (csrc/attention/query_tile_programs.h).

@@ -392,6 +392,24 @@ def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
 
 
+def test_the_hopper_dq_compiles_through_the_build(tmp_path):
+    # attn_bwd_dq's sm_90 implementation: the Gluon kernel under attn_bwd_dq's parameters, 12
+    # warps; S and dP are 64 x 64 wgmmas (64-key tiles), dQ's product 64 x 128, and three K/V
+    # stages fit sm_90's shared memory.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
+                   if v.kernel == "attn_bwd_dq" and v.implementation and v.dtype == "bf16")
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    from triton_src import KERNELS
+
+    assert artifact.meta["name"] == "attn_bwd_dq_sm90"
+    assert [p[0] for p in artifact.meta["params"]] == [p.name for p in KERNELS["attn_bwd_dq"].params]
+    assert artifact.meta["num_warps"] == 12 and artifact.meta["global_scratch_size"] > 0
+    assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
+    assert artifact.meta["shared"] <= 232448
+
+
 def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):
     # d256: S and dP of 32 keys per warpgroup (64 x 32 wgmmas), dK and dV of half the head dim
     # (64 x 128), P^T and dS^T through shared memory; the whole kernel within sm_90's 227 KB.

@@ -10,7 +10,10 @@ At d64 with deterministic=False (flash-attn's default, and these tests') the ker
 accumulates dQ (ACCUMULATE_DQ: bulk TMA reductions into a float32 tensor the op converts), so the
 cases here with d40-d64 check that path: query rows past the end and GQA groups through the
 accumulator's descriptor, packed sequences, padded head dims; deterministic=True keeps attn_bwd_dq
-and stays bitwise reproducible."""
+and stays bitwise reproducible. At d128 without score modifications dQ comes from the Hopper dQ
+kernel (triton_src/backward_dq_sm90.py, attn_bwd_dq's sm_90 implementation) either way, so the d72
+to d128 cases here check its TMA path too (query rows past the end, GQA, windows, padded head dims,
+row strides, empty packed sequences)."""
 
 import pytest
 import torch
@@ -85,25 +88,31 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
 @pytest.mark.parametrize("head_dim,deterministic,options,served_by", [
     (64, False, dict(), "attn_bwd_dkdv_sm90"), (64, False, dict(softcap=30.0, causal=True), "attn_bwd_dkdv_sm90"),
     (40, False, dict(window_size=(50, 0)), "attn_bwd_dkdv_sm90"), (64, True, dict(), "attn_bwd_dq"),
-    (128, False, dict(), "attn_bwd_dq"), (64, False, dict(p=0.1), "attn_bwd_dq"),
+    (128, False, dict(), "attn_bwd_dq_sm90"), (128, True, dict(causal=True), "attn_bwd_dq_sm90"),
+    (72, False, dict(window_size=(30, 30)), "attn_bwd_dq_sm90"), (64, False, dict(p=0.1), "attn_bwd_dq"),
     (128, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"), (96, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"),
-    (128, True, dict(softcap=30.0), "attn_bwd_dq"),
-], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d64-dropout", "d128-softcap",
-        "d96-softcap", "d128-softcap-deterministic"])
-def test_where_dq_is_accumulated_in_the_dkdv_pass(head_dim, deterministic, options, served_by):
-    # served_by: the kernel that computes dQ. attn_bwd_dq runs exactly when the dK/dV pass does
-    # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 only).
+    (128, True, dict(softcap=30.0), "attn_bwd_dq"), (128, False, dict(p=0.1), "attn_bwd_dq"),
+    (256, False, dict(), "attn_bwd_dq"),
+], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d128-causal-deterministic",
+        "d72-window", "d64-dropout", "d128-softcap", "d96-softcap", "d128-softcap-deterministic", "d128-dropout",
+        "d256"])
+def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
+    # served_by: the kernel that computes dQ. A dQ kernel runs exactly when the dK/dV pass does
+    # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 and d128 SCORE_MOD 1
+    # only); at d128 without score modifications it is the Hopper one (attn_bwd_dq_sm90).
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     options = dict(options)
     p = options.pop("p", 0.0)
     names = _kernels_launched(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
-    assert (served_by == "attn_bwd_dq") == ("attn_bwd_dq" in names), names
+    dq_kernels = names & {"attn_bwd_dq", "attn_bwd_dq_sm90"}
+    assert dq_kernels == (set() if served_by == "attn_bwd_dkdv_sm90" else {served_by}), names
 
 
-def test_deterministic_true_is_bitwise_reproducible_and_false_agrees():
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_true_is_bitwise_reproducible_and_false_agrees(head_dim):
     torch.manual_seed(11)
-    q, k, v = make_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda")
-    w = torch.randn(2, 1000, 8, 64, device="cuda", dtype=torch.bfloat16)
+    q, k, v = make_qkv(2, 1000, 1000, 8, 2, head_dim, torch.bfloat16, "cuda")
+    w = torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16)
 
     def grads(deterministic):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]

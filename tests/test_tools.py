@@ -162,6 +162,12 @@ def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():
     from hopper_backward_ab import split_dkdv
 
     assert split_dkdv(64, 0)[0].name == "attn_bwd_dkdv_sm90" and split_dkdv(128, 1)[0].name == "attn_bwd_dkdv"
+    # --dq-kernel and the split path's second half: the Hopper dQ where the grid builds it.
+    from hopper_backward_ab import split_dq
+
+    spec, tiles = split_dq(128, 0)
+    assert spec.name == "attn_bwd_dq_sm90" and (tiles.block_m, tiles.block_n) == (128, 64)
+    assert split_dq(64, 0)[0].name == "attn_bwd_dq" and split_dq(128, 1)[0].name == "attn_bwd_dq"
 
 
 def test_interleaved_timing_alternates_the_callables():

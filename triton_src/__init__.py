@@ -9,6 +9,7 @@ launch them through the family's launcher without knowing.
 """
 
 from .backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
+from .backward_dq_sm90 import ATTN_BWD_DQ_SM90
 from .backward_sm90 import ATTN_BWD_DKDV_SM90
 from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND, ROTATE_QUERIES
 from .forward import ATTN_FWD
@@ -20,4 +21,4 @@ KERNELS = {spec.name: spec for spec in (
     ATTN_DECODE_SPLIT, ATTN_DECODE_MERGE,
 )}
 
-IMPLEMENTATIONS = {spec.name: spec for spec in (ATTN_FWD_SM90, ATTN_BWD_DKDV_SM90)}
+IMPLEMENTATIONS = {spec.name: spec for spec in (ATTN_FWD_SM90, ATTN_BWD_DKDV_SM90, ATTN_BWD_DQ_SM90)}

@@ -77,6 +77,51 @@ def _program_tile(k, pid, num_programs, num_m_tiles, heavy_first):
 
 
 @gluon.jit
+def _key_value_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                    tile_layout: gl.constexpr):
+    """The K/V ring that the producer fills and the two consumer warpgroups drain: (k_smem,
+    v_smem, k_ready, v_ready, k_empty, v_empty), STAGES slots each, a slot's "empty" passed by one
+    arrival of each consumer. The backward's dQ kernel shares it (backward_dq_sm90.py)."""
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(b), count=1)
+        mbarrier.init(v_ready.index(b), count=1)
+        mbarrier.init(k_empty.index(b), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(b), count=2)
+    return k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
+def _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES: gl.constexpr):
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(b))
+        mbarrier.invalidate(v_ready.index(b))
+        mbarrier.invalidate(k_empty.index(b))
+        mbarrier.invalidate(v_empty.index(b))
+
+
+@gluon.jit
+def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
+                   STAGES: gl.constexpr):
+    """The producer's load of the `it`-th key tile it sends through the ring (keys from start_n):
+    K, then V, each into its slot once both consumers have released the slot's last tile. A fresh
+    mbarrier passes a wait on parity 1, so the first round does not wait."""
+    stage = it % STAGES
+    free_phase = ((it // STAGES) & 1) ^ 1
+    mbarrier.wait(k_empty.index(stage), free_phase)
+    mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
+    mbarrier.wait(v_empty.index(stage), free_phase)
+    mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
 def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
           use_segments, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -85,8 +130,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
     (once the consumers have released the previous one: q_empty), then each visited tile's K and
     V into the ring, a slot refilled once both consumers have released it (k_empty / v_empty,
     two arrivals each). The ring's position runs on across query tiles, so the next tile's K
-    and V load while the consumers finish this one. A fresh mbarrier passes a wait on parity
-    1, so the first round does not wait."""
+    and V load while the consumers finish this one."""
     it = 0
     for k in range(n_rounds):
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
@@ -103,15 +147,8 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
             else:
                 mbarrier.arrive(q_ready.index(half), count=1)
         for i in range(n_tiles):
-            stage = it % STAGES
-            free_phase = ((it // STAGES) & 1) ^ 1
             start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
-            mbarrier.wait(k_empty.index(stage), free_phase)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
-            mbarrier.wait(v_empty.index(stage), free_phase)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+            _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n, STAGES)
             it += 1
 
 
@@ -352,28 +389,18 @@ def attn_fwd_sm90(
     o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [HALF_M, BLOCK_D], tile_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
     if O_IN_Q_BUFFER:
         o_smem = q_smem
     else:
         o_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _key_value_ring(dtype, STAGES, BLOCK_N, BLOCK_D, tile_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(2):
         mbarrier.init(q_ready.index(b), count=1)
         mbarrier.init(q_empty.index(b), count=1)
         mbarrier.init(turn.index(b), count=1)
-    for b in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(b), count=1)
-        mbarrier.init(v_ready.index(b), count=1)
-        mbarrier.init(k_empty.index(b), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(b), count=2)
 
     alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
     if SCORE_MOD:
@@ -406,11 +433,7 @@ def attn_fwd_sm90(
         mbarrier.invalidate(q_ready.index(b))
         mbarrier.invalidate(q_empty.index(b))
         mbarrier.invalidate(turn.index(b))
-    for b in gl.static_range(STAGES):
-        mbarrier.invalidate(k_ready.index(b))
-        mbarrier.invalidate(v_ready.index(b))
-        mbarrier.invalidate(k_empty.index(b))
-        mbarrier.invalidate(v_empty.index(b))
+    _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES)
 
 
 # attn_fwd's contract: its parameters (the spec checks the function against them) and constexprs.

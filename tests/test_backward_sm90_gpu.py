@@ -11,9 +11,9 @@ accumulates dQ (ACCUMULATE_DQ: bulk TMA reductions into a float32 tensor the op 
 cases here with d40-d64 check that path: query rows past the end and GQA groups through the
 accumulator's descriptor, packed sequences, padded head dims; deterministic=True keeps attn_bwd_dq
 and stays bitwise reproducible. At d128 without score modifications dQ comes from the Hopper dQ
-kernel (triton_src/backward_dq_sm90.py, attn_bwd_dq's sm_90 implementation) either way, so the d72
-to d128 cases here check its TMA path too (query rows past the end, GQA, windows, padded head dims,
-row strides, empty packed sequences)."""
+kernel (triton_src/backward_dq_sm90.py, attn_bwd_dq's sm_90 implementation) either way, and with a
+softcap or ALiBi under deterministic=True, so the d72 to d128 cases here check its TMA path too
+(query rows past the end, GQA, windows, padded head dims, row strides, empty packed sequences)."""
 
 import pytest
 import torch
@@ -46,14 +46,15 @@ def _backward(q, k, v, p=0.0, **options):
     out.backward(torch.ones_like(out))
 
 
-def check_backward(q, k, v, what, causal=False, **variant):
+def check_backward(q, k, v, what, causal=False, deterministic=False, **variant):
     """dq, dk, dv of sum(out * w_out) + sum(lse * w_lse) against float64 autograd (2x rule)."""
     batch, sq, heads, d = q.shape
     w_out = torch.randn(batch, sq, heads, d, device="cuda")
     w_lse = torch.randn(batch, heads, sq, device="cuda")
     if causal and sq > k.shape[1]:
         w_lse[:, :, : sq - k.shape[1]] = 0  # rows that see no key have lse -inf
-    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **variant),
+    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True,
+                                                         deterministic=deterministic, **variant),
                    q, k, v, w_out, w_lse)
     ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.float64, **variant),
                    q.double(), k.double(), v.double(), w_out.double(), w_lse.double())
@@ -91,7 +92,7 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     (128, False, dict(), "attn_bwd_dq_sm90"), (128, True, dict(causal=True), "attn_bwd_dq_sm90"),
     (72, False, dict(window_size=(30, 30)), "attn_bwd_dq_sm90"), (64, False, dict(p=0.1), "attn_bwd_dq"),
     (128, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"), (96, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"),
-    (128, True, dict(softcap=30.0), "attn_bwd_dq"), (128, False, dict(p=0.1), "attn_bwd_dq"),
+    (128, True, dict(softcap=30.0), "attn_bwd_dq_sm90"), (128, False, dict(p=0.1), "attn_bwd_dq"),
     (256, False, dict(), "attn_bwd_dq"),
 ], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d128-causal-deterministic",
         "d72-window", "d64-dropout", "d128-softcap", "d96-softcap", "d128-softcap-deterministic", "d128-dropout",
@@ -99,7 +100,7 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
 def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     # served_by: the kernel that computes dQ. A dQ kernel runs exactly when the dK/dV pass does
     # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 and d128 SCORE_MOD 1
-    # only); at d128 without score modifications it is the Hopper one (attn_bwd_dq_sm90).
+    # only); at d128 without bias or dropout it is the Hopper one (attn_bwd_dq_sm90).
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     options = dict(options)
     p = options.pop("p", 0.0)
@@ -168,6 +169,22 @@ def test_softcap_with_dq_accumulated_in_the_wide_head_form(seqlen_q, heads, kv_h
     for causal in (False, True):
         check_backward(q, k, v, f"softcap seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal,
                        softcap=30.0)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 65, 1000])
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("head_dim", [72, 128])
+def test_score_modifications_through_the_hopper_dq_kernel(seqlen_q, heads, kv_heads, head_dim):
+    # deterministic=True with a softcap or ALiBi at d65-d128: the split path, whose dQ comes from
+    # attn_bwd_dq_sm90 with the softcap's derivative and the ALiBi slope in its dS.
+    torch.manual_seed(seqlen_q + 7 * head_dim)
+    q, k, v = make_qkv(2, seqlen_q, 700, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
+    slopes = torch.rand(heads, device="cuda") * 0.3
+    for causal in (False, True):
+        check_backward(q, k, v, f"softcap seqlen_q {seqlen_q} causal {causal}", causal=causal, deterministic=True,
+                       softcap=30.0)
+        check_backward(q, k, v, f"alibi seqlen_q {seqlen_q} causal {causal}", causal=causal, deterministic=True,
+                       alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("head_dim", [40, 56, 72, 104, 128, 136, 200, 256])

@@ -167,7 +167,8 @@ def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():
 
     spec, tiles = split_dq(128, 0)
     assert spec.name == "attn_bwd_dq_sm90" and (tiles.block_m, tiles.block_n) == (128, 64)
-    assert split_dq(64, 0)[0].name == "attn_bwd_dq" and split_dq(128, 1)[0].name == "attn_bwd_dq"
+    assert split_dq(64, 0)[0].name == "attn_bwd_dq" and split_dq(128, 1)[0].name == "attn_bwd_dq_sm90"
+    assert split_dq(128, 2)[0].name == "attn_bwd_dq" and split_dq(256, 0)[0].name == "attn_bwd_dq"
 
 
 def test_interleaved_timing_alternates_the_callables():

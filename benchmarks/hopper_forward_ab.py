@@ -3,7 +3,7 @@ same inputs, both through Triton's JIT (triton_src/python_launch.py), interleave
 behind configs.json's choice of where the Gluon kernel replaces attn_fwd on sm_90.
 
     python benchmarks/hopper_forward_ab.py [--head-dims 128,256] [--out hopper_forward_ab.json]
-    python benchmarks/hopper_forward_ab.py --head-dims 64 --block-n 128   # a bucket it does not serve
+    python benchmarks/hopper_forward_ab.py --head-dims 64 --block-n 64   # another key tile than the grid's
     python benchmarks/hopper_forward_ab.py --programs 2   # 2 programs per (head, batch), as the op may
 
 Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not. Both kernels run with the tiles

@@ -27,9 +27,11 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
     "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
 }
-# Queries per call: 200, but d64 runs the Hopper forward from 4096 queries only
-# (csrc/attention/query_tile_programs.h).
+# Queries and keys per call: 200 each, but d64 runs the Hopper forward from 4096 queries only
+# (csrc/attention/query_tile_programs.h); its 400 keys give the last query tiles (causal) three and
+# four key tiles, so the two-slot K/V ring refills slots the consumers released.
 SEQLEN_Q = {"forward-d64": 4096}
+SEQLEN_K = {"forward-d64": 400}
 
 
 def shared_bytes(function: str, constants: dict) -> int:
@@ -46,8 +48,8 @@ def main(name: str) -> None:
     head_dim, backward, deterministic, softcap, function, constants = CALLS[name]
     torch.manual_seed(0)
     q = torch.randn(1, SEQLEN_Q.get(name, 200), 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    k, v = (torch.randn(1, 200, 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-            for _ in range(2))
+    k, v = (torch.randn(1, SEQLEN_K.get(name, 200), 2, head_dim, dtype=torch.bfloat16, device="cuda",
+                        requires_grad=True) for _ in range(2))
     out = fattn.flash_attn_func(q, k, v, causal=True, softcap=softcap, deterministic=deterministic)
     if backward:
         out.backward(torch.ones_like(out))

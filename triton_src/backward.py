@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import (
-    LOG2E, alibi_slope_log2, bias_log2, dropout_keep, key_visible, mask_every_tile,
+    LOG2E, alibi_slope_log2, bias_log2, dropout_keep, key_visible, lse_log2, mask_every_tile,
     modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds, visible_key_range, visible_query_range,
 )
 from .spec import (
@@ -80,15 +80,6 @@ def _store_rows(base, tile, rows, stride_s, offs_d, n_rows, head_dim, PAD_D: tl.
 
 
 @triton.jit
-def _lse_log2(Lse, row_base, rows, seqlen_q):
-    """lse in the log2 domain; rows that saw no key (-inf) or lie past the end get +inf,
-    so that exp2(s - lse) is 0 for them instead of inf or NaN."""
-    lse = tl.load(Lse + row_base + rows, mask=rows < seqlen_q, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    return lse * LOG2E
-
-
-@triton.jit
 def _dkdv_query_tiles(
     dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
     stride_qs, stride_dos, offs_n, offs_d,
@@ -112,7 +103,7 @@ def _dkdv_query_tiles(
         rows = start_m + offs_m
         q = _load_rows(q_base, rows, stride_qs, offs_d, seqlen_q, head_dim, PAD_D)
         do = _load_rows(do_base, rows, stride_dos, offs_d, seqlen_q, head_dim, PAD_D)
-        lse = _lse_log2(Lse, row_base, rows, seqlen_q)
+        lse = lse_log2(Lse + row_base, rows, seqlen_q)
         delta = tl.load(Delta + row_base + rows, mask=rows < seqlen_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
         if SCORE_MOD:
@@ -320,7 +311,7 @@ def attn_bwd_dq(
     do = _load_rows(DO + batch * stride_dob + head * stride_doh, offs_m, stride_dos, offs_d, seqlen_q, head_dim,
                     PAD_D)
     row_base = batch * stride_lseb + head * stride_lseh + q_start
-    lse = _lse_log2(Lse, row_base, offs_m, seqlen_q)
+    lse = lse_log2(Lse + row_base, offs_m, seqlen_q)
     delta = tl.load(Delta + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh

@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .backward import ATTN_BWD_DQ
-from .common import key_visible, modified_scores, segment_ids, sequence_span
+from .common import key_visible, lse_log2, modified_scores, segment_ids, sequence_span
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
 from .spec import KernelSpec
 
@@ -97,9 +97,7 @@ def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     diagonal = seqlen_k - seqlen_q
     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
-    # backward.py's _lse_log2: rows that saw no key, or lie past the end, get +inf (P = 0).
-    lse = gl.load(Lse + row_base + rows, mask=rows < seqlen_q, other=float("inf"))
-    lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    lse = lse_log2(Lse + row_base, rows, seqlen_q)
     delta = gl.load(Delta + row_base + rows, mask=rows < seqlen_q, other=0.0)
     dq = gl.zeros([HALF_M, BLOCK_D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)

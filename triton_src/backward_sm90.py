@@ -41,7 +41,7 @@ from triton._C.libtriton import ir
 
 from .backward import ATTN_BWD_DKDV
 from .common import (
-    key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds,
+    key_visible, lse_log2, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds,
     visible_query_range,
 )
 from .spec import KernelSpec
@@ -96,10 +96,8 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
         stage = t % STAGES
         start_m = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M)
         rows = start_m + offs_m
-        # backward.py's _lse_log2: rows that saw no key, or lie past the end, get +inf (P = 0).
         head_base = row_base + g.to(gl.int64) * stride_lseh
-        lse = gl.load(Lse + head_base + rows, mask=rows < seqlen_q, other=float("inf"))
-        lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        lse = lse_log2(Lse + head_base, rows, seqlen_q)
         delta = gl.load(Delta + head_base + rows, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)

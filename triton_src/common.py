@@ -108,6 +108,15 @@ def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
 
 
 @triton.jit
+def lse_log2(lse_base, rows, seqlen_q):
+    """The backward's lse, read at lse_base + rows, in the log2 domain; rows that saw no key (-inf)
+    or lie past the end get +inf, so that exp2(s - lse) is 0 for them instead of inf or NaN."""
+    lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse * LOG2E
+
+
+@triton.jit
 def segment_ids(base, idx, n, use_segments):
     """Segment ids at base[idx] for idx < n; 0 elsewhere, and everywhere when use_segments is 0
     (nothing is read, and equal ids hide nothing)."""

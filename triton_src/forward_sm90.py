@@ -23,7 +23,8 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
 Tiles are visited as in attn_fwd: the fully visible ones first without a mask, then the window's
 edges and the end of the keys. Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal,
 sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (every tile masked); configs.json keeps
-SCORE_MOD 2 (bias, dropout) on attn_fwd. The op guarantees what TMA needs: 16-byte aligned
+SCORE_MOD 2 (bias, dropout) and the 32 bucket on attn_fwd, and at d64 all but the long dense calls
+without score modifications (TILE_LOOP). The op guarantees what TMA needs: 16-byte aligned
 bases and row strides, head_dim a multiple of 8.
 """
 
@@ -137,7 +138,8 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
         lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                            use_segments, BLOCK_M, BLOCK_N)
         # Every tile passes q_ready, with or without a load: a consumer releases the buffer (q_empty)
-        # only after it, so neither side gets two phases ahead of the other.
+        # only after it, so neither side gets two phases ahead of the other. A fresh mbarrier
+        # passes a wait on parity 1, so the first tile does not wait.
         for half in gl.static_range(2):
             mbarrier.wait(q_empty.index(half), (k & 1) ^ 1)
             if n_tiles > 0:

@@ -10,9 +10,10 @@ namespace fattn {
 
 // Whether the forward asks for a TILE_LOOP variant first. Where the build has both (d64 on
 // sm_90, configs.json), dense queries of at least 4096 rows run the looping kernel, which
-// measured 1.03-1.09x the one-tile kernel there on the H100 and 0.47-1.00x from 512 to 2048
-// rows (NOTES.md T14); packed sequences run one tile per program either way, so they keep the
-// one-tile kernel. Where the build has one of the two, it serves every length.
+// measured 1.02-1.10x attn_fwd there on the H100 (NOTES.md T14) and 0.47-1.00x from 512 to 2048
+// rows (T13). Packed sequences get one program per query tile either way, where the Hopper
+// kernel measured slower than attn_fwd at d64 (T6), so they keep attn_fwd. Where the build has
+// one of the two, it serves every length.
 bool prefers_tile_loop(int64_t seqlen_q, bool packed);
 
 // Programs per (head, sequence) for `tiles` query tiles each, `sequence_heads` (head, sequence)

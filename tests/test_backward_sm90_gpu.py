@@ -20,7 +20,7 @@ import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_gradients, grads_of, make_qkv, requires_gpu
+from helpers import check_gradients, grads_of, kernels_launched, make_qkv, requires_gpu
 
 
 def _hopper_build():
@@ -31,13 +31,6 @@ def _hopper_build():
 
 pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_bwd_dkdv_sm90")]
-
-
-def _kernels_launched(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
 def _backward(q, k, v, p=0.0, **options):
@@ -70,7 +63,7 @@ def check_backward(q, k, v, what, causal=False, deterministic=False, **variant):
 ], ids=["d128", "d128-causal", "d96-window", "d64", "d64-softcap", "d40-causal", "d256-causal", "d200-softcap"])
 def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
-    names = _kernels_launched(lambda: _backward(q, k, v, **options))
+    names = kernels_launched(lambda: _backward(q, k, v, **options))
     assert "attn_bwd_dkdv_sm90" in names, names
 
 
@@ -82,7 +75,7 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     # does the wide-head form take it.
     options = dict(softcap=30.0, deterministic=True) if "softcap" in what else {}
     p = 0.1 if "dropout" in what else 0.0
-    names = _kernels_launched(lambda: _backward(q, k, v, p, **options))
+    names = kernels_launched(lambda: _backward(q, k, v, p, **options))
     assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
 
 
@@ -104,7 +97,7 @@ def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     options = dict(options)
     p = options.pop("p", 0.0)
-    names = _kernels_launched(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
+    names = kernels_launched(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
     dq_kernels = names & {"attn_bwd_dq", "attn_bwd_dq_sm90"}
     assert dq_kernels == (set() if served_by == "attn_bwd_dkdv_sm90" else {served_by}), names
 

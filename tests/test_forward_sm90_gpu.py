@@ -6,16 +6,12 @@ only its TMA path meets (empty packed sequences, a query tile's second half past
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
 suites (forward, varlen, variants, sinks, head dims, backward) run through it as well on Hopper."""
 
-import json
-import os
-import tempfile
-
 import pytest
 import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_accuracy, make_qkv, requires_gpu
+from helpers import check_accuracy, kernels_launched, launch_grids, make_qkv, requires_gpu
 
 
 def _hopper_build():
@@ -28,19 +24,12 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_fwd_sm90")]
 
 
-def _kernels_launched(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-
-
 @pytest.mark.parametrize("head_dim", [72, 96, 128, 200, 256])
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
 def test_the_hopper_kernel_serves_the_128_and_256_buckets(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
-    names = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
+    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
 
 
@@ -49,7 +38,7 @@ def test_other_calls_stay_on_attn_fwd(what):
     d = {"head_dim 64": 64, "head_dim 32": 32}.get(what, 128)
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     p = 0.1 if what == "dropout" else 0.0
-    names = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p))
+    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p))
     assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
 
 
@@ -68,17 +57,7 @@ def test_tile_halves_past_the_end(seqlen_q, dtype, head_dim):
 
 
 def _hopper_forward_grids(fn):
-    """The grid of each attn_fwd_sm90 launch in fn, read from the profiler's trace."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    return [tuple(e["args"]["grid"]) for e in events
-            if e.get("name") == "attn_fwd_sm90" and "grid" in e.get("args", {})]
+    return launch_grids(fn, "attn_fwd_sm90")
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])
@@ -118,16 +97,16 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype):
         grids = _hopper_forward_grids(lambda: fattn.flash_attn_func(q, k, v, **options))
         assert grids and all(g[0] < tiles for g in grids), f"{what}: grids {grids} for {tiles} query tiles"
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
-        short = _kernels_launched(lambda: fattn.flash_attn_func(q[:, :4095], k, v, **options))
+        short = kernels_launched(lambda: fattn.flash_attn_func(q[:, :4095], k, v, **options))
         assert "attn_fwd" in short and "attn_fwd_sm90" not in short, f"{what}, 4095 queries: {short}"
         causal = options.pop("causal", False)
         check_accuracy(out, lse, q, k, v, None, causal, f"d64 {dtype} {what}", **options)
     cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
-    packed = _kernels_launched(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+    packed = kernels_launched(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
                                                                     cu, cu_k, sq, sk))
     assert "attn_fwd" in packed and "attn_fwd_sm90" not in packed, f"packed: {packed}"
-    softcap = _kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
+    softcap = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
     assert "attn_fwd" in softcap and "attn_fwd_sm90" not in softcap, f"softcap: {softcap}"
 
 

@@ -1,0 +1,32 @@
+"""What a GPU call launched, read from the torch profiler: kernel names, and one kernel's grids."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import torch
+
+
+def _profile(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof
+
+
+def kernels_launched(fn) -> set[str]:
+    """The names of the CUDA kernels fn launched."""
+    return {e.name for e in _profile(fn).events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def launch_grids(fn, kernel: str) -> list[tuple[int, int, int]]:
+    """The grid of each launch of `kernel` in fn, from the profiler's trace."""
+    prof = _profile(fn)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return [tuple(e["args"]["grid"]) for e in events if e.get("name") == kernel and "grid" in e.get("args", {})]

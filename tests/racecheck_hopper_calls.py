@@ -32,6 +32,10 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
 # four key tiles, so the two-slot K/V ring refills slots the consumers released.
 SEQLEN_Q = {"forward-d64": 4096}
 SEQLEN_K = {"forward-d64": 400}
+# Where the kernel's tile buffers end, for a call whose barriers and partition values take more
+# than the last 1 KB of its shared memory: the d64 forward's three consumer warpgroups (Q and Out
+# tiles of 3 x 64 rows, a two-slot ring of 128-key K and V tiles, 64 columns of 2 bytes).
+TILES_END = {"forward-d64": (2 * 3 * 64 + 2 * 2 * 128) * 64 * 2}
 
 
 def shared_bytes(function: str, constants: dict) -> int:

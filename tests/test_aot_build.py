@@ -301,7 +301,8 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
             for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1)
                                  for dtype in ("fp16", "bf16") if d > 64 or mod == 0}
     assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
-    assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in hopper} == {64: 128, 128: 128, 256: 64}
+    assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"]) for v in hopper} == {
+        64: (192, 128), 128: (128, 128), 256: (128, 64)}
     others = [v for v in variants if not v.implementation]
     assert len(others) == len(variants) - 10 and all(v.source == "triton_src.forward" for v in others)
     # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
@@ -421,6 +422,20 @@ def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):
     assert 200 * 1024 < artifact.meta["shared"] <= 232448
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in artifact.ptx
+
+
+def test_the_d64_hopper_forward_compiles_with_three_consumer_warpgroups(tmp_path):
+    # 192 query rows, three consumer warpgroups of 64 at 160 registers (setmaxnreg) and a
+    # producer: 16 warps, one K/V slot released by three arrivals, and the key loop compiled
+    # with and without segment ids (NOTES.md T18).
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "64"})
+                   if v.implementation and v.dtype == "bf16")
+    assert variant.constant_dict["BLOCK_M"] == 192
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    assert artifact.meta["name"] == "attn_fwd_sm90" and artifact.meta["num_warps"] == 16
+    assert "setmaxnreg.inc.sync.aligned.u32 \t160;" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
 
 
 def test_the_hopper_forward_compiles_through_the_build(tmp_path):

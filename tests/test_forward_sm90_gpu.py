@@ -83,24 +83,40 @@ def test_programs_that_loop_over_query_tiles(shape, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_head_dim_64_picks_its_kernel_by_length(dtype):
-    # d64 has both kernels on sm_90 without score modifications (configs.json): dense queries from
-    # 4096 rows run the looping Hopper kernel, shorter ones, packed sequences and the softcap
-    # attn_fwd (csrc/attention/query_tile_programs.h).
-    b, sq, sk, h, hk = 2, 4500, 3000, 16, 4
+@pytest.mark.parametrize("right_edge", [False, True], ids=["no-right-edge", "right-edge"])
+def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
+    # d64 has both kernels on sm_90 without score modifications (configs.json): dense queries run
+    # the looping Hopper kernel (192-row tiles, three consumer warpgroups) from 4096 rows, or
+    # from 8192 with a right edge (causal, a window); shorter ones, packed sequences and the
+    # softcap attn_fwd (csrc/attention/query_tile_programs.h).
+    b, sq, sk, h, hk = (1, 8300, 3000, 8, 2) if right_edge else (2, 4500, 3000, 16, 4)
+    threshold = 8192 if right_edge else 4096
     torch.manual_seed(sq)
     q, k, v = make_qkv(b, sq, sk, h, hk, 64, dtype, "cuda")
-    tiles = -(-sq // 128)
-    cases = {"plain": {}, "causal": dict(causal=True), "window": dict(window_size=(300, 0)),
-             "causal+sinks": dict(causal=True, sinks=torch.randn(h, device="cuda"))}
+    tiles = -(-sq // 192)
+    # Segment ids take the looping kernel's second copy of its key loop at d64 (NOTES.md T18).
+    q_ids = torch.sort(torch.randint(0, 5, (b, sq), device="cuda", dtype=torch.int32), 1).values
+    kv_ids = torch.sort(torch.randint(0, 5, (b, sk), device="cuda", dtype=torch.int32), 1).values
+    if right_edge:
+        cases = {"causal": dict(causal=True), "window": dict(window_size=(300, 0)),
+                 "causal+sinks": dict(causal=True, sinks=torch.randn(h, device="cuda")),
+                 "causal+segments": dict(causal=True, q_segment_ids=q_ids, kv_segment_ids=kv_ids)}
+    else:
+        cases = {"plain": {}, "left window": dict(window_size=(300, -1)),
+                 "sinks": dict(sinks=torch.randn(h, device="cuda")),
+                 "segments": dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids)}
     for what, options in cases.items():
         grids = _hopper_forward_grids(lambda: fattn.flash_attn_func(q, k, v, **options))
         assert grids and all(g[0] < tiles for g in grids), f"{what}: grids {grids} for {tiles} query tiles"
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
-        short = kernels_launched(lambda: fattn.flash_attn_func(q[:, :4095], k, v, **options))
-        assert "attn_fwd" in short and "attn_fwd_sm90" not in short, f"{what}, 4095 queries: {short}"
+        n = threshold - 1
+        cut = {name: ids[:, :n] for name, ids in options.items() if name == "q_segment_ids"}
+        short = kernels_launched(lambda: fattn.flash_attn_func(q[:, :n], k, v, **{**options, **cut}))
+        assert "attn_fwd" in short and "attn_fwd_sm90" not in short, f"{what}, {n} queries: {short}"
         causal = options.pop("causal", False)
         check_accuracy(out, lse, q, k, v, None, causal, f"d64 {dtype} {what}", **options)
+    if right_edge:
+        return
     cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
     packed = kernels_launched(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
@@ -108,6 +124,8 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype):
     assert "attn_fwd" in packed and "attn_fwd_sm90" not in packed, f"packed: {packed}"
     softcap = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
     assert "attn_fwd" in softcap and "attn_fwd_sm90" not in softcap, f"softcap: {softcap}"
+    causal = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, causal=True))
+    assert "attn_fwd" in causal and "attn_fwd_sm90" not in causal, f"causal, {sq} queries: {causal}"
 
 
 @pytest.mark.parametrize("softmax_scale", [-0.3, 0.0, 0.02])

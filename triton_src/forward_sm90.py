@@ -7,16 +7,18 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
   (_program_tile), setting up its descriptors and barriers once and loading the next tile's Q,
   K and V while it finishes the last; the op picks how many programs
   (csrc/attention/query_tile_programs.cpp);
-- warp specialization: a producer warp loads the two 64-row halves of the Q tile and every
+- warp specialization: a producer warp loads each consumer's 64 rows of the Q tile and every
   visited K and V tile by TMA into a ring of STAGES shared-memory slots (mbarriers for "ready"
-  and, two consumer arrivals each, "empty"); two consumer warpgroups own 64 query rows each.
+  and, one arrival per consumer, "empty"); BLOCK_M // 64 consumer warpgroups own 64 query rows
+  each: two (240 registers each), or three at 160 (d64's 192-row tiles, FlashAttention-3's
+  shape; NOTES.md T18).
   The TMA descriptors are built on the device from pointers and strides (the launch ABI stays
   the kernels' own), over one (sequence, head) as a [seqlen, head_dim] matrix: TMA zero-fills
   rows past the sequence and columns past head_dim, so varlen and padded head dims need no
   masked loads, and clips the stores of Out the same way.
-- ping-pong: the consumers take turns (the `turn` mbarriers) issuing their two products of an
-  iteration, S(j) = Q K(j)^T and O += P(j-1) V(j-1), so that one warpgroup's softmax runs while
-  the other's products use the tensor cores;
+- ping-pong: the consumers take turns (the `turn` mbarriers, a ring) issuing their two products
+  of an iteration, S(j) = Q K(j)^T and O += P(j-1) V(j-1), so that one warpgroup's softmax runs
+  while the others' products use the tensor cores;
 - intra-warpgroup overlap: each consumer waits for S(j) only, and computes the softmax of tile j
   while P(j-1) V(j-1) is still running; P stays in registers as that product's A operand.
 
@@ -79,8 +81,8 @@ def _program_tile(k, pid, num_programs, num_m_tiles, heavy_first):
 
 @gluon.jit
 def _key_value_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                    tile_layout: gl.constexpr):
-    """The K/V ring that the producer fills and the two consumer warpgroups drain: (k_smem,
+                    tile_layout: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    """The K/V ring that the producer fills and the CONSUMERS consumer warpgroups drain: (k_smem,
     v_smem, k_ready, v_ready, k_empty, v_empty), STAGES slots each, a slot's "empty" passed by one
     arrival of each consumer. The backward's dQ kernel shares it (backward_dq_sm90.py)."""
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
@@ -92,8 +94,8 @@ def _key_value_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.const
     for b in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(b), count=1)
         mbarrier.init(v_ready.index(b), count=1)
-        mbarrier.init(k_empty.index(b), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(b), count=2)
+        mbarrier.init(k_empty.index(b), count=CONSUMERS)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(b), count=CONSUMERS)
     return k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
 
 
@@ -125,7 +127,7 @@ def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
-          use_segments, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          use_segments, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
           STAGES: gl.constexpr):
     """The producer warp: for each of the program's query tiles, both halves of the Q tile
     (once the consumers have released the previous one: q_empty), then each visited tile's K and
@@ -140,14 +142,14 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
         # Every tile passes q_ready, with or without a load: a consumer releases the buffer (q_empty)
         # only after it, so neither side gets two phases ahead of the other. A fresh mbarrier
         # passes a wait on parity 1, so the first tile does not wait.
-        for half in gl.static_range(2):
-            mbarrier.wait(q_empty.index(half), (k & 1) ^ 1)
+        for wg in gl.static_range(BLOCK_M // WG_M):
+            mbarrier.wait(q_empty.index(wg), (k & 1) ^ 1)
             if n_tiles > 0:
-                mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [start_m + half * HALF_M, 0], q_ready.index(half),
-                                                q_smem.index(half))
+                mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [start_m + wg * WG_M, 0], q_ready.index(wg),
+                                                q_smem.index(wg))
             else:
-                mbarrier.arrive(q_ready.index(half), count=1)
+                mbarrier.arrive(q_ready.index(wg), count=1)
         for i in range(n_tiles):
             start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
             _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n, STAGES)
@@ -156,11 +158,13 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
 
 @gluon.jit
 def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD: gl.constexpr):
+            qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD: gl.constexpr,
+            SEGMENTS: gl.constexpr):
     """The tile's scores, -inf where masked (tiles past the unmasked ones): forward.py's
     _attend_key_tiles between the two dots. With SCORE_MOD 0 and qk_scale > 0 they stay unscaled
     (_softmax folds qk_scale into its exp2's argument, one FFMA per score); else they are in the
-    log2 domain."""
+    log2 domain. SEGMENTS: 1 masks by segment ids where use_segments says so; 0 and 2 (the key
+    loop's two copies at 160 registers, _key_loop) never and always."""
     cols = start_n + offs_n
     if SCORE_MOD:
         s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
@@ -168,9 +172,17 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
         s = s * qk_scale
     if i >= n_full:
         visible = key_visible(rows[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
-        if use_segments != 0:
-            kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
-            visible = visible & (q_seg[:, None] == kv_seg[None, :])
+        if SEGMENTS == 1:
+            if use_segments != 0:
+                kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
+                visible = visible & (q_seg[:, None] == kv_seg[None, :])
+        elif SEGMENTS == 2:
+            # One key per thread, spread to the scores' layout through shared memory: gathered in
+            # that layout, each thread would hold a 64-bit address per column it owns.
+            keys: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            kv_seg = segment_ids(kv_seg_base, start_n + gl.arange(0, offs_n.shape[0], layout=keys), seqlen_k,
+                                 use_segments)
+            visible = visible & (q_seg[:, None] == gl.convert_layout(kv_seg, offs_n.type.layout)[None, :])
         s = gl.where(visible, s, float("-inf"))
     return s
 
@@ -188,34 +200,96 @@ def _softmax(s, m_i, l_i, scale):
 
 
 @gluon.jit
+def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
+              turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
+              window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
+              WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+              STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr):
+    """_attend_tile's products and softmax over its n_tiles (> 0) key tiles: (acc, m_i, l_i, it,
+    turn_phase). Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for S(j),
+    computes tile j's softmax while the second product runs, then waits for it: no wgmma is in
+    flight across the loop's back edge, which keeps ptxas from serializing them (an S(j+1)
+    carried across it did)."""
+    dtype: gl.constexpr = q_tile.dtype
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
+    s = warpgroup_mma(q_tile, k_smem.index(it % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(it % STAGES), count=1)
+    start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
+    scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
+                     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD,
+                     SEGMENTS)
+    p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_tiles):
+        # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
+        # warpgroup, so that its softmax runs while these products use the tensor cores.
+        mbarrier.wait(turn.index(WG), turn_phase)
+        stage = (it + j) % STAGES
+        mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
+        s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
+        prev = (it + j - 1) % STAGES
+        mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        mbarrier.arrive(turn.index((WG + 1) % CONSUMERS), count=1)
+        turn_phase ^= 1
+
+        # The softmax of tile j overlaps P(j-1) V(j-1): wait for S(j) only (issued first).
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
+        scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
+                         qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD,
+                         SEGMENTS)
+        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
+        # P(j-1)'s registers are the running product's operand until it finishes.
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    if not O_IN_Q_BUFFER:  # Q's last product is done: the producer may load the next tile's
+        mbarrier.arrive(q_empty.index(WG), count=1)
+    last = (it + n_tiles - 1) % STAGES
+    acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
+    mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    it += n_tiles
+    return acc, m_i, l_i, it, turn_phase
+
+
+@gluon.jit
 def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                  lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
                  seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                 HALF: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
-    """One consumer warpgroup on one query tile: rows [start_m + HALF * HALF_M, + HALF_M),
+    """One consumer warpgroup on one query tile: rows [start_m + WG * WG_M, + WG_M),
     through every visited key tile, then its rows of Out and Lse; k is the tile's round. it (key
     tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
-    other warpgroup's do; returns them updated.
-
-    Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for S(j), computes tile j's
-    softmax while the second product runs, then waits for it: no wgmma is in flight across the
-    loop's back edge, which keeps ptxas from serializing them (an S(j+1) carried across it did).
-    The turns run on across query tiles too: the second warpgroup's single opening arrival (in
-    _attend) keeps the first one a turn ahead, whatever each tile's length."""
+    other warpgroups do; returns them updated. The turns run on across query tiles too: the
+    last warpgroup's single opening arrival (in _attend) keeps the first one a turn ahead,
+    whatever each tile's length."""
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
+    CONSUMERS: gl.constexpr = BLOCK_M // WG_M
     lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                        use_segments, BLOCK_M, BLOCK_N)
-    row0 = start_m + HALF * HALF_M
-    rows = row0 + gl.arange(0, HALF_M, layout=row_layout)
+    row0 = start_m + WG * WG_M
+    rows = row0 + gl.arange(0, WG_M, layout=row_layout)
     # What _softmax multiplies the scores _scores returns by: qk_scale where _scores left them
     # unscaled (SCORE_MOD 0 with qk_scale > 0), else 1.
     softmax_scale = qk_scale * 0.0 + 1.0
@@ -228,61 +302,36 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 
     # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 at m = its logit
     # (sink_log2 is -inf without one).
-    m_i = gl.zeros([HALF_M], gl.float32, layout=row_layout) + sink_log2
+    m_i = gl.zeros([WG_M], gl.float32, layout=row_layout) + sink_log2
     l_i = gl.where(m_i == float("-inf"), 0.0, 1.0)
-    acc = gl.zeros([HALF_M, BLOCK_D], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
-    q_tile = q_smem.index(HALF)
+    acc = gl.zeros([WG_M, BLOCK_D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
+    q_tile = q_smem.index(WG)
 
-    mbarrier.wait(q_ready.index(HALF), k & 1)
+    mbarrier.wait(q_ready.index(WG), k & 1)
     if n_tiles > 0:
-        mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
-        s = warpgroup_mma(q_tile, k_smem.index(it % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(it % STAGES), count=1)
-        start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
-        scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-                         qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
-        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        for j in range(1, n_tiles):
-            # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
-            # warpgroup, so that its softmax runs while these products use the tensor cores.
-            mbarrier.wait(turn.index(HALF), turn_phase)
-            stage = (it + j) % STAGES
-            mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
-            s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
-            prev = (it + j - 1) % STAGES
-            mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            mbarrier.arrive(turn.index(1 - HALF), count=1)
-            turn_phase ^= 1
-
-            # The softmax of tile j overlaps P(j-1) V(j-1): wait for S(j) only (issued first).
-            s = warpgroup_mma_wait(1, deps=(s, ))
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
-            scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-                             qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD)
-            p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
-            # P(j-1)'s registers are the running product's operand until it finishes.
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        if not O_IN_Q_BUFFER:  # Q's last product is done: the producer may load the next tile's
-            mbarrier.arrive(q_empty.index(HALF), count=1)
-        last = (it + n_tiles - 1) % STAGES
-        acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
-        mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(last), count=1)
-        it += n_tiles
+        # At 160 registers (three consumers) the key loop is compiled twice, with and without
+        # segment ids: their mask costs the loop registers even where unused (NOTES.md T18).
+        if CONSUMERS == 2:
+            acc, m_i, l_i, it, turn_phase = _key_loop(
+                q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
+                turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
+                window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
+                WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 1)
+        elif use_segments != 0:
+            acc, m_i, l_i, it, turn_phase = _key_loop(
+                q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
+                turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
+                window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
+                WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 2)
+        else:
+            acc, m_i, l_i, it, turn_phase = _key_loop(
+                q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
+                turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
+                window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
+                WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 0)
     elif not O_IN_Q_BUFFER:
-        mbarrier.arrive(q_empty.index(HALF), count=1)
+        mbarrier.arrive(q_empty.index(WG), count=1)
 
     # common.softmax_finish: rows that saw no key give out 0 and lse -inf (or the sink's).
     l_o = gl.convert_layout(l_i, orow_layout)
@@ -299,16 +348,16 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
         if O_IN_Q_BUFFER:
             staging = q_tile
         else:
-            staging = o_smem.index(HALF)
+            staging = o_smem.index(WG)
             tma.store_wait(0)
         staging.store(out.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)
-        orows = row0 + gl.arange(0, HALF_M, layout=orow_layout)
+        orows = row0 + gl.arange(0, WG_M, layout=orow_layout)
         gl.store(lse_base + orows, lse, mask=orows < seqlen_q)
     if O_IN_Q_BUFFER:
         tma.store_wait(0)
-        mbarrier.arrive(q_empty.index(HALF), count=1)
+        mbarrier.arrive(q_empty.index(WG), count=1)
     return it, turn_phase
 
 
@@ -317,10 +366,10 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
             qk_scale, softcap_log2, alibi_log2,
-            HALF: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
             BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
     """One consumer warpgroup through the program's query tiles (_program_tile's order)."""
-    if HALF == 1:
+    if WG == BLOCK_M // WG_M - 1:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
     it = 0
     turn_phase = 0
@@ -330,7 +379,7 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
             seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-            HALF, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)
+            WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)
     tma.store_wait(0)
 
 
@@ -353,7 +402,7 @@ def attn_fwd_sm90(
 ):
     """attn_fwd's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are not
     read (the op sends those calls to attn_fwd). Launched with 4 warps (the first consumer
-    warpgroup); warp_specialize adds the second consumer and the producer warp.
+    warpgroup); warp_specialize adds the other consumers and the producer warp.
 
     TILE_LOOP (always true here): the grid's first axis may be shorter than cdiv(seqlen_q,
     BLOCK_M); each program then runs several query tiles of its (head, batch) (_program_tile),
@@ -361,12 +410,13 @@ def attn_fwd_sm90(
     it finishes the last one."""
     gl.static_assert(TILE_LOOP, "attn_fwd_sm90's programs loop over query tiles")
     STAGES: gl.constexpr = 2
-    HALF_M: gl.constexpr = BLOCK_M // 2
+    WG_M: gl.constexpr = 64  # query rows per consumer warpgroup
+    CONSUMERS: gl.constexpr = BLOCK_M // WG_M
     # Out is staged in its own buffer where shared memory has room for one (the next tile's Q
     # then loads during this tile's last product), else in the Q buffer.
     O_IN_Q_BUFFER: gl.constexpr = BLOCK_D > 128
     dtype: gl.constexpr = Q.dtype.element_ty
-    gl.static_assert(HALF_M == 64, "two consumer warpgroups of 64 query rows")
+    gl.static_assert((CONSUMERS == 2) | (CONSUMERS == 3), "two or three consumer warpgroups of 64 query rows")
 
     num_m_tiles = gl.cdiv(seqlen_q, BLOCK_M)  # the dense (or longest) length, before sequence_span
     pid = gl.program_id(0)
@@ -385,21 +435,22 @@ def attn_fwd_sm90(
     k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
     v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
     o_base = Out + batch * stride_ob + q_start.to(gl.int64) * stride_os + head.to(gl.int64) * stride_oh
-    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [HALF_M, BLOCK_D], tile_layout)
+    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [WG_M, BLOCK_D], tile_layout)
     k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D], tile_layout)
     v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D], tile_layout)
-    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [HALF_M, BLOCK_D], tile_layout)
+    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, BLOCK_D], tile_layout)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, BLOCK_D], tile_layout)
     if O_IN_Q_BUFFER:
         o_smem = q_smem
     else:
-        o_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
-    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _key_value_ring(dtype, STAGES, BLOCK_N, BLOCK_D, tile_layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(2):
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, BLOCK_D], tile_layout)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _key_value_ring(dtype, STAGES, BLOCK_N, BLOCK_D, tile_layout,
+                                                                         CONSUMERS)
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(b), count=1)
         mbarrier.init(q_empty.index(b), count=1)
         mbarrier.init(turn.index(b), count=1)
@@ -415,23 +466,47 @@ def attn_fwd_sm90(
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
 
-    gl.warp_specialize([
-        (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                   lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
-                   pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                   window_right, qk_scale, softcap_log2, alibi_log2,
-                   0, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
-        (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                   lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
-                   pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                   window_right, qk_scale, softcap_log2, alibi_log2,
-                   1, BLOCK_M, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
-        (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                 pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                 window_right, use_segments, BLOCK_M, HALF_M, BLOCK_N, STAGES)),
-    ], [4, 1], [240, 24])
+    # The partitions, written out per consumer count: registers per thread (setmaxnreg) within
+    # the SM's 64K, the default partition (the first consumer) getting the rest.
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+            (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+            (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                     v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                     window_right, use_segments, BLOCK_M, WG_M, BLOCK_N, STAGES)),
+        ], [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+            (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+            (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       2, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+            (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                     v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
+                     window_right, use_segments, BLOCK_M, WG_M, BLOCK_N, STAGES)),
+        ], [4, 4, 1], [160, 160, 24])
 
-    for b in gl.static_range(2):
+    for b in gl.static_range(CONSUMERS):
         mbarrier.invalidate(q_ready.index(b))
         mbarrier.invalidate(q_empty.index(b))
         mbarrier.invalidate(turn.index(b))

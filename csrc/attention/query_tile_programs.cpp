@@ -11,11 +11,15 @@ constexpr int64_t kSetupTiles = 2;
 // At most this many query tiles with a right edge: one tile per program measured faster
 // (d256, 512 tokens, causal: two tiles per program ran at 0.86x).
 constexpr int64_t kShortHeavyFirst = 4;
-// Query rows from which the looping kernel is asked for first (prefers_tile_loop).
+// Query rows from which the looping kernel is asked for first (prefers_tile_loop), without and
+// with a right edge.
 constexpr int64_t kTileLoopFromRows = 4096;
+constexpr int64_t kTileLoopFromRowsRightEdge = 8192;
 }  // namespace
 
-bool prefers_tile_loop(int64_t seqlen_q, bool packed) { return !packed && seqlen_q >= kTileLoopFromRows; }
+bool prefers_tile_loop(int64_t seqlen_q, bool packed, bool right_edge) {
+  return !packed && seqlen_q >= (right_edge ? kTileLoopFromRowsRightEdge : kTileLoopFromRows);
+}
 
 int64_t query_tile_programs(int64_t tiles, int64_t sequence_heads, int64_t sms, bool heavy_first) {
   if (tiles <= 1 || sms <= 0 || (heavy_first && tiles <= kShortHeavyFirst)) return tiles;

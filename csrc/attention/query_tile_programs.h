@@ -11,10 +11,12 @@ namespace fattn {
 // Whether the forward asks for a TILE_LOOP variant first. Where the build has both (d64 on
 // sm_90, configs.json), dense queries of at least 4096 rows run the looping kernel, which
 // measured 1.02-1.10x attn_fwd there on the H100 (NOTES.md T14) and 0.47-1.00x from 512 to 2048
-// rows (T13). Packed sequences get one program per query tile either way, where the Hopper
-// kernel measured slower than attn_fwd at d64 (T6), so they keep attn_fwd. Where the build has
-// one of the two, it serves every length.
-bool prefers_tile_loop(int64_t seqlen_q, bool packed);
+// rows (T13); with a right edge (causal, a window) from 8192 rows, since its 192-row tiles ran
+// 4096 causal rows at 0.87x the 128-row ones, about attn_fwd's speed there (T18). Packed
+// sequences get one program per query tile either way, where the Hopper kernel measured slower
+// than attn_fwd at d64 (T6), so they keep attn_fwd. Where the build has one of the two, it
+// serves every length.
+bool prefers_tile_loop(int64_t seqlen_q, bool packed, bool right_edge);
 
 // Programs per (head, sequence) for `tiles` query tiles each, `sequence_heads` (head, sequence)
 // pairs and `sms` multiprocessors; `heavy_first`: later query tiles see more keys (causal, a

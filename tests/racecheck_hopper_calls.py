@@ -5,11 +5,14 @@ test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
                                            backward-d64-deterministic | backward-d128-softcap | backward-d256 |
                                            dq-d128
 
-Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`."""
+Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`, and for a call
+in TILES_END where its tile buffers end as `tiles_end <bytes>`. With --check-launch (run without
+the sanitizer) it fails unless the call launched the kernel the call names."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -27,39 +30,63 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
     "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
 }
-# Queries and keys per call: 200 each, but d64 runs the Hopper forward from 4096 queries only
-# (csrc/attention/query_tile_programs.h); its 400 keys give the last query tiles (causal) three and
-# four key tiles, so the two-slot K/V ring refills slots the consumers released.
-SEQLEN_Q = {"forward-d64": 4096}
+# Queries and keys per call: 200 each, but d64 runs the Hopper forward for causal calls from 8192
+# queries only (csrc/attention/query_tile_programs.h); its 400 keys give the last query tiles
+# three and four key tiles, so the two-slot K/V ring refills slots the consumers released.
+SEQLEN_Q = {"forward-d64": 8192}
 SEQLEN_K = {"forward-d64": 400}
-# Where the kernel's tile buffers end, for a call whose barriers and partition values take more
-# than the last 1 KB of its shared memory: the d64 forward's three consumer warpgroups (Q and Out
-# tiles of 3 x 64 rows, a two-slot ring of 128-key K and V tiles, 64 columns of 2 bytes).
-TILES_END = {"forward-d64": (2 * 3 * 64 + 2 * 2 * 128) * 64 * 2}
 
 
-def shared_bytes(function: str, constants: dict) -> int:
-    """The bf16 sm_90 variant's shared memory, which must be unique for the call to be classified."""
-    sizes = {e["shared"] for e in fattn.build_info()["kernels"]
-             if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"
-             and all(e["constants"].get(k) == v for k, v in constants.items())}
-    if len(sizes) != 1:
-        raise SystemExit(f"{function} {constants}: the build has variants with shared sizes {sorted(sizes)}")
-    return sizes.pop()
+def _forward_tiles_end(c: dict) -> int:
+    """Where the Hopper forward's tile buffers end: Q and Out tiles of BLOCK_M rows, a two-slot K/V
+    ring of BLOCK_N keys (forward_sm90.py, head dims up to 128), 2-byte elements."""
+    return (2 * c["BLOCK_M"] + 2 * 2 * c["BLOCK_N"]) * c["BLOCK_D"] * 2
 
 
-def main(name: str) -> None:
+# Calls whose kernel keeps more than its last 1 KB of shared memory past its tile buffers: the d64
+# forward's three consumers, whose partition values Triton places at the tiles' end, where each
+# consumer's layout-conversion scratch for segment ids (512 bytes) also lives.
+TILES_END = {"forward-d64": _forward_tiles_end}
+
+
+def built_variant(function: str, constants: dict) -> dict:
+    """The bf16 sm_90 variant's build_info entry, which must be unique for the call to be classified."""
+    entries = [e for e in fattn.build_info()["kernels"]
+               if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"
+               and all(e["constants"].get(k) == v for k, v in constants.items())]
+    if len({e["shared"] for e in entries}) != 1:
+        raise SystemExit(f"{function} {constants}: the build has variants with shared sizes "
+                         f"{sorted(e['shared'] for e in entries)}")
+    return entries[0]
+
+
+def main(name: str, check_launch: bool) -> None:
     head_dim, backward, deterministic, softcap, function, constants = CALLS[name]
     torch.manual_seed(0)
     q = torch.randn(1, SEQLEN_Q.get(name, 200), 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     k, v = (torch.randn(1, SEQLEN_K.get(name, 200), 2, head_dim, dtype=torch.bfloat16, device="cuda",
                         requires_grad=True) for _ in range(2))
-    out = fattn.flash_attn_func(q, k, v, causal=True, softcap=softcap, deterministic=deterministic)
-    if backward:
-        out.backward(torch.ones_like(out))
-    torch.cuda.synchronize()
-    print(f"shared {shared_bytes(function, constants)}", flush=True)
+
+    def call():
+        out = fattn.flash_attn_func(q, k, v, causal=True, softcap=softcap, deterministic=deterministic)
+        if backward:
+            out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+
+    if check_launch:  # outside the sanitizer: the call must reach the kernel racecheck is told to watch
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from helpers import kernels_launched
+
+        launched = kernels_launched(call)
+        if function not in launched:
+            raise SystemExit(f"{name}: {function} was not launched ({sorted(launched)})")
+    else:
+        call()
+    variant = built_variant(function, constants)
+    print(f"shared {variant['shared']}", flush=True)
+    if name in TILES_END:
+        print(f"tiles_end {TILES_END[name](variant['constants'])}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--check-launch" in sys.argv[2:])

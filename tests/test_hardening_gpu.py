@@ -227,14 +227,19 @@ def test_compute_sanitizer_finds_nothing(tool):
 def test_racecheck_finds_nothing_in_the_hopper_kernels_own_shared_memory(call):
     # Every shared-memory hazard racecheck reports in the call's Hopper kernel must lie in the
     # variant's last 1 KB-aligned block of shared memory (Triton's partition values), or past its
-    # tile buffers where the call states where they end (TILES_END): the K/V/Q/dO rings,
-    # lse/delta, P^T/dS^T and the dQ staging tiles all sit below, so a hazard there fails.
+    # tile buffers where the call says where they end (tiles_end): the K/V/Q/dO rings,
+    # lse/delta, P^T/dS^T and the dQ staging tiles all sit below, so a hazard there fails. The
+    # call must launch the kernel at all (checked first, without the sanitizer), or racecheck
+    # would watch nothing.
     sys.path.insert(0, str(HERE))
-    from racecheck_hopper_calls import CALLS, TILES_END
+    from racecheck_hopper_calls import CALLS
 
     function = CALLS[call][4]
     if not any(e["function"] == function for e in fattn.build_info()["kernels"]):
         pytest.skip(f"this build has no {function}")
+    launch = subprocess.run([sys.executable, str(HERE / "racecheck_hopper_calls.py"), call, "--check-launch"],
+                            capture_output=True, text=True, timeout=300)
+    assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
     result = subprocess.run(["compute-sanitizer", "--tool", "racecheck", "--racecheck-report", "hazard",
                              "--print-limit", "100000", "--kernel-name", f"kns={function}", sys.executable,
                              str(HERE / "racecheck_hopper_calls.py"), call],
@@ -248,6 +253,7 @@ def test_racecheck_finds_nothing_in_the_hopper_kernels_own_shared_memory(call):
                                                          summary).groups())
     # Every hazard is classified: none left out of the report, each one's address read.
     assert shown == errors + warnings == len(hazards), summary
-    window = min(shared // CAPTURE_ALIGN * CAPTURE_ALIGN, TILES_END.get(call, shared))
+    tiles_end = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("tiles_end ")]
+    window = min([shared // CAPTURE_ALIGN * CAPTURE_ALIGN, *tiles_end])
     outside = sorted({a for a in hazards if not window <= int(a, 16) - SHARED_BASE < shared})
     assert not outside, f"{call}: hazards in the kernel's own shared memory at {outside[:10]}\n" + result.stdout[-3000:]

@@ -112,7 +112,7 @@ def _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES: gl.constexpr):
 def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
                    STAGES: gl.constexpr):
     """The producer's load of the `it`-th key tile it sends through the ring (keys from start_n):
-    K, then V, each into its slot once both consumers have released the slot's last tile. A fresh
+    K, then V, each into its slot once every consumer has released the slot's last tile. A fresh
     mbarrier passes a wait on parity 1, so the first round does not wait."""
     stage = it % STAGES
     free_phase = ((it // STAGES) & 1) ^ 1
@@ -129,11 +129,11 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
           use_segments, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
           STAGES: gl.constexpr):
-    """The producer warp: for each of the program's query tiles, both halves of the Q tile
-    (once the consumers have released the previous one: q_empty), then each visited tile's K and
-    V into the ring, a slot refilled once both consumers have released it (k_empty / v_empty,
-    two arrivals each). The ring's position runs on across query tiles, so the next tile's K
-    and V load while the consumers finish this one."""
+    """The producer warp: for each of the program's query tiles, each consumer's 64 rows of the
+    Q tile (once that consumer has released the previous one: q_empty), then each visited tile's
+    K and V into the ring, a slot refilled once every consumer has released it (k_empty /
+    v_empty, one arrival per consumer). The ring's position runs on across query tiles, so the
+    next tile's K and V load while the consumers finish this one."""
     it = 0
     for k in range(n_rounds):
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
@@ -228,7 +228,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
 
     for j in range(1, n_tiles):
         # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
-        # warpgroup, so that its softmax runs while these products use the tensor cores.
+        # warpgroups, so that their softmax runs while these products use the tensor cores.
         mbarrier.wait(turn.index(WG), turn_phase)
         stage = (it + j) % STAGES
         mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
@@ -341,8 +341,8 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 
     # Out through shared memory and TMA, which clips rows past the sequence and columns past
     # head_dim: o_smem (the previous tile's store finished reading it first), or with
-    # O_IN_Q_BUFFER this half's Q buffer, released to the producer once the store has read it. A
-    # half past its sequence's end (or an empty sequence, whose descriptor has no rows) stores
+    # O_IN_Q_BUFFER this warpgroup's Q buffer, released to the producer once the store has read
+    # it. Rows past the sequence's end (or an empty sequence, whose descriptor has no rows) store
     # nothing.
     if row0 < seqlen_q:
         if O_IN_Q_BUFFER:

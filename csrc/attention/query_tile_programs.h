@@ -12,7 +12,7 @@ namespace fattn {
 // sm_90, configs.json), dense queries of at least 4096 rows run the looping kernel, which
 // measured 1.02-1.10x attn_fwd there on the H100 (NOTES.md T14) and 0.47-1.00x from 512 to 2048
 // rows (T13); with a right edge (causal, a window) from 8192 rows, since its 192-row tiles ran
-// 4096 causal rows at 0.87x the 128-row ones, about attn_fwd's speed there (T18). Packed
+// 4096 causal rows at 0.93x the 128-row ones, where attn_fwd ran at 0.93-0.98x (T14, T18). Packed
 // sequences get one program per query tile either way, where the Hopper kernel measured slower
 // than attn_fwd at d64 (T6), so they keep attn_fwd. Where the build has one of the two, it
 // serves every length.

@@ -466,8 +466,10 @@ def attn_fwd_sm90(
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
 
-    # The partitions, written out per consumer count: registers per thread (setmaxnreg) within
-    # the SM's 64K, the default partition (the first consumer) getting the rest.
+    # The partitions, written out per consumer count (Triton 3.6 passes a tuple's constexpr
+    # elements, such as WG_M, on as values, so the shared arguments cannot be one tuple):
+    # registers per thread (setmaxnreg) within the SM's 64K, the default partition (the first
+    # consumer) getting the rest.
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,

@@ -1,5 +1,6 @@
-"""One shape for Nsight Compute: attention at bf16, batch 1, 16k tokens, 16 heads of 128, run twice
-(the first call loads modules and warms up; profile the second).
+"""One shape for Nsight Compute: attention at bf16 with bench_attention.py's shapes (16k tokens per
+step: batch 16384 // seqlen; hidden 2048: 2048 // head_dim heads), run twice (the first call loads
+modules and warms up; profile the second).
 
     ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
         --section Occupancy --section LaunchStats -k regex:attn_fwd -s 1 -c 1 \\
@@ -26,8 +27,8 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
     args = parser.parse_args()
-    heads = 2048 // args.head_dim
-    q, k, v = (torch.randn(1, args.seqlen, heads, args.head_dim, device="cuda", dtype=torch.bfloat16,
+    heads, batch = 2048 // args.head_dim, max(1, 16384 // args.seqlen)
+    q, k, v = (torch.randn(batch, args.seqlen, heads, args.head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
     for _ in range(2):

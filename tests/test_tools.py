@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,6 +136,15 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
         (impl, w, s) for impl in ("fattn_ring", "fattn_single_gpu") for w, s in ((-1, "zigzag"), (16, "contiguous"))}
     assert all(r["ms"] and r["hops"] == [1, 0] for r in rows), rows
     assert all(r["efficiency_vs_single_gpu"] > 0 for r in rows if r["impl"] == "fattn_ring")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_kernel_times_refuses_a_machine_without_cuda():
+    # It profiles CUDA kernels; without a GPU it stops with that reason, after importing the
+    # benchmark CLI's callables it times (a renamed one fails here, not on the next GPU run).
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_times.py"), "--head-dims", "64"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("script", ["hopper_forward_ab", "hopper_backward_ab"])

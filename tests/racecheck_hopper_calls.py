@@ -32,9 +32,11 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
 }
 # Queries and keys per call: 200 each, but d64 runs the Hopper forward for causal calls from 8192
 # queries only (csrc/attention/query_tile_programs.h); its 400 keys give the last query tiles
-# three and four key tiles, so the two-slot K/V ring refills slots the consumers released.
-SEQLEN_Q = {"forward-d64": 8192}
-SEQLEN_K = {"forward-d64": 400}
+# three and four key tiles, so the two-slot K/V ring refills slots the consumers released. The
+# d64 backward with dQ accumulated has four Q/dO slots: 640 rows give the first key tiles ten
+# query tiles, so its ring refills them too.
+SEQLEN_Q = {"forward-d64": 8192, "backward-d64": 640}
+SEQLEN_K = {"forward-d64": 400, "backward-d64": 640}
 
 
 def _forward_tiles_end(c: dict) -> int:

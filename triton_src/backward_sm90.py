@@ -23,9 +23,11 @@ of its 32 keys (queries as M), stores its rows of P^T and dS^T into shared memor
 halves are there (an mbarrier with one arrival per warpgroup, double-buffered) issues
 dV += P^T dO and dK += dS^T Q for all 64 keys and its half of the columns.
 
-ACCUMULATE_DQ (deterministic=False, both forms up to d128): the warpgroups share dS^T through
-shared memory, each computes half of the query tile's dQ columns, dQ = dS K[:, cols] over all the
-tile's keys, and adds them to the float32 accumulator by bulk TMA reductions (_reduce_dq).
+ACCUMULATE_DQ (deterministic=False, both forms up to d128): dQ is added to a float32 accumulator
+by bulk TMA reductions (_reduce_dq). In the two-warpgroup form each warpgroup reduces its own
+keys' part, dQ = dS K(its keys), over all the columns (_accumulate_dq), so the warpgroups never
+wait for each other; in the wide form they share dS^T through shared memory and each computes
+half of the columns over all the tile's keys.
 
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
 configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
@@ -117,29 +119,27 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _accumulate_dq(ds_t, dk, dv, q_tile, k_smem, ds_smem, ds_ready, dqa_desc, dq_smem, t, start_m, g, softmax_scale,
+def _accumulate_dq(ds_t, dk, dv, q_tile, k_tile, ds_smem, ds_ready, dqa_desc, dq_smem, t, start_m, g, softmax_scale,
                    HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr):
-    """dK's product, and this warpgroup's half of the query tile's dQ columns: dS^T goes to shared
-    memory (dK's A operand there), and once the other warpgroup's half is there too (ds_ready:
-    one arrival each, double-buffered), dQ[:, cols] = dS K[:, cols] over both halves' keys, which
-    a bulk TMA reduction adds to the float32 accumulator. Returns dk, dv with no product in flight."""
-    DQ_COLS: gl.constexpr = BLOCK_D // 2
+    """dK's product, and this warpgroup's part of the query tile's dQ: dS^T goes to shared memory
+    (the A operand of dK's product, and transposed of dQ's), dQ = dS K over this warpgroup's keys,
+    and a bulk TMA reduction adds it to the float32 accumulator. Each warpgroup reduces its own
+    keys' dQ over all columns, so neither waits for the other (the other reduces the rest of the
+    sum). Returns dk, dv with no product in flight."""
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLS, 16])
-    buf = t % 2
-    ds_tile = ds_smem.index(buf * 2 + HALF)
+                                                        instr_shape=[16, BLOCK_D, 16])
+    slot = HALF * 2 + t % 2
+    ds_tile = ds_smem.index(slot)
     ds_tile.store(ds_t)
     fence_async_shared()
-    mbarrier.arrive(ds_ready.index(buf), count=1)
+    # The arrival orders every warp's stores before any warp's products read the tile.
+    mbarrier.arrive(ds_ready.index(slot), count=1)
+    mbarrier.wait(ds_ready.index(slot), (t // 2) & 1)
     dk = warpgroup_mma(ds_tile, q_tile, dk, is_async=True)
-    mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)
-    zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
-    dq = warpgroup_mma(ds_smem.index(buf * 2).permute((1, 0)),
-                       k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), zero, use_acc=False, is_async=True)
-    dq = warpgroup_mma(ds_smem.index(buf * 2 + 1).permute((1, 0)),
-                       k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq, is_async=True)
+    zero = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, layout=dq_layout)
+    dq = warpgroup_mma(ds_tile.permute((1, 0)), k_tile, zero, use_acc=False, is_async=True)
     dk, dv, dq = warpgroup_mma_wait(0, deps=(dk, dv, dq))
-    _reduce_dq(dq * softmax_scale, dqa_desc, dq_smem, start_m, g, HALF * DQ_COLS, BLOCK_M, DQ_COLS)
+    _reduce_dq(dq * softmax_scale, dqa_desc, dq_smem, start_m, g, 0, BLOCK_M, BLOCK_D)
     return dk, dv
 
 
@@ -226,7 +226,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             dp_t = warpgroup_mma_wait(1, deps=(dp_t, ))
             ds_t = p_t * (dp_t - delta[None, :])
             if ACCUMULATE_DQ:
-                dk, dv = _accumulate_dq(ds_t.to(dtype), dk, dv, q_tile, k_smem, ds_smem, ds_ready, dqa_desc, dq_smem,
+                dk, dv = _accumulate_dq(ds_t.to(dtype), dk, dv, q_tile, k_tile, ds_smem, ds_ready, dqa_desc, dq_smem,
                                         t, start_m, g, softmax_scale, HALF, BLOCK_M, BLOCK_D)
             else:
                 dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
@@ -372,8 +372,13 @@ def attn_bwd_dkdv_sm90(
     d128): each warpgroup also computes half of each query tile's dQ columns and adds them to
     DQAccum by bulk TMA reductions (_reduce_dq). Launched with 4 warps, warp_specialize adds the
     rest."""
-    STAGES: gl.constexpr = 2
     WIDE: gl.constexpr = BLOCK_N == 64
+    # Q/dO slots. A slot is free once both warpgroups have read it; with dQ accumulated by
+    # _accumulate_dq they never wait for each other, and four slots let one run ahead of the
+    # other (three cost more than they gain: the slot and phase arithmetic divides by three).
+    # Two elsewhere: the wide form's tiles leave room for no more, and without dQ the
+    # warpgroups gain nothing from more (measured at d64 and d128, NOTES.md T19).
+    STAGES: gl.constexpr = 4 if ACCUMULATE_DQ and not WIDE and BLOCK_D <= 64 else 2
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     if not WIDE:
@@ -398,17 +403,14 @@ def attn_bwd_dkdv_sm90(
     v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
     q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + first_head * stride_qh
     do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + first_head * stride_doh
-    # dQ's product reads K by half-width column slices, each of which must start a swizzle pattern.
-    k_swizzle: gl.constexpr = BLOCK_D if ACCUMULATE_DQ and BLOCK_D < swizzle else swizzle
-    k_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=k_swizzle, element_bitwidth=16, rank=2)
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], k_layout)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], tile_layout)
     v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, BLOCK_D], tile_layout)
     q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim], [stride_qs, stride_qh, 1],
                                         [BLOCK_M, 1, BLOCK_D], row3_layout)
     do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim], [stride_dos, stride_doh, 1],
                                          [BLOCK_M, 1, BLOCK_D], row3_layout)
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], k_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
@@ -434,13 +436,14 @@ def attn_bwd_dkdv_sm90(
     dqa_desc, dq_smem0, dq_smem1 = None, None, None
     if ACCUMULATE_DQ:
         # The float32 accumulator's descriptor over the group's heads and a dQ staging tile per
-        # warpgroup, each for its half of the columns.
+        # warpgroup: all the columns in the two-warpgroup form, its half of them in the wide one.
         dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
         dqa_base = DQAccum + batch * stride_dqab + q_start.to(gl.int64) * stride_dqas + first_head * stride_dqah
         dqa_desc = tma.make_tensor_descriptor(dqa_base, [seqlen_q, kv_group_size, head_dim],
                                               [stride_dqas, stride_dqah, 1], [BLOCK_M, 1, 32], dq_layout)
-        dq_smem0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
-        dq_smem1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, BLOCK_D // 2], dq_layout)
+        DQ_COLS: gl.constexpr = BLOCK_D // 2 if WIDE else BLOCK_D
+        dq_smem0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, DQ_COLS], dq_layout)
+        dq_smem1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, DQ_COLS], dq_layout)
 
     if WIDE:
         # P^T and dS^T of the tile pair, each warpgroup storing the rows of its keys; both
@@ -472,12 +475,12 @@ def attn_bwd_dkdv_sm90(
     else:
         ds_smem, ds_ready = None, None
         if ACCUMULATE_DQ:
-            # dS^T of both warpgroups, double-buffered (ds_ready: one arrival each).
+            # dS^T of each warpgroup, double-buffered (ds_ready: its own arrival).
             ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
             ds_smem = gl.allocate_shared_memory(dtype, [4, HALF_N, BLOCK_M], ds_layout)
-            ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for b in gl.static_range(2):
-                mbarrier.init(ds_ready.index(b), count=2)
+            ds_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for b in gl.static_range(4):
+                mbarrier.init(ds_ready.index(b), count=1)
         gl.warp_specialize([
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,

@@ -34,9 +34,10 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
 # queries only (csrc/attention/query_tile_programs.h); its 400 keys give the last query tiles
 # three and four key tiles, so the two-slot K/V ring refills slots the consumers released. The
 # d64 backward with dQ accumulated has four Q/dO slots: 640 rows give the first key tiles ten
-# query tiles, so its ring refills them too.
-SEQLEN_Q = {"forward-d64": 8192, "backward-d64": 640}
-SEQLEN_K = {"forward-d64": 400, "backward-d64": 640}
+# query tiles, so its ring refills them too; so do the Hopper dQ's four K/V slots with 400 keys
+# (seven 64-key tiles for the last query tile).
+SEQLEN_Q = {"forward-d64": 8192, "backward-d64": 640, "dq-d128": 400}
+SEQLEN_K = {"forward-d64": 400, "backward-d64": 640, "dq-d128": 400}
 
 
 def _forward_tiles_end(c: dict) -> int:

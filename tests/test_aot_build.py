@@ -398,7 +398,7 @@ def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
 
 def test_the_hopper_dq_compiles_through_the_build(tmp_path):
     # attn_bwd_dq's sm_90 implementation: the Gluon kernel under attn_bwd_dq's parameters, 12
-    # warps; S and dP are 64 x 64 wgmmas (64-key tiles), dQ's product 64 x 128, and three K/V
+    # warps; S and dP are 64 x 64 wgmmas (64-key tiles), dQ's product 64 x 128, and four K/V
     # stages fit sm_90's shared memory.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
                    if v.kernel == "attn_bwd_dq" and v.implementation and v.dtype == "bf16")
@@ -411,7 +411,7 @@ def test_the_hopper_dq_compiles_through_the_build(tmp_path):
     assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
-    assert artifact.meta["shared"] <= 232448
+    assert 192 * 1024 < artifact.meta["shared"] <= 232448
 
 
 def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):

@@ -175,7 +175,9 @@ def attn_bwd_dq_sm90(
     """attn_bwd_dq's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are
     not read (the op sends those calls to attn_bwd_dq). Launched with 4 warps (the first consumer
     warpgroup); warp_specialize adds the second consumer and the producer warp."""
-    STAGES: gl.constexpr = 3  # K(j-1) is held through iteration j: a third slot keeps K(j+1) loading
+    # K(j-1) is held through iteration j, so a third slot keeps K(j+1) loading; four, because
+    # the slot and phase arithmetic then needs no division by three (1.01-1.04x, NOTES.md T19).
+    STAGES: gl.constexpr = 4
     HALF_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     gl.static_assert(HALF_M == 64, "two consumer warpgroups of 64 query rows")

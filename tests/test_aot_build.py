@@ -382,7 +382,8 @@ def test_dq_accumulation_in_the_wide_head_form_compiles(tmp_path):
 def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
     # As the forward below: the Gluon kernel under attn_bwd_dkdv's parameters, 12 warps, TMA
     # descriptors in global scratch; its key-side products are 64 x 64 (S^T, dP^T) and
-    # 64 x 128 (dV, dK) wgmmas.
+    # 64 x 128 (dV, dK) wgmmas. At d128 its loops carry each iteration's (head, query tile)
+    # instead of dividing the counter by the runtime tile count: no integer division at all.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
                    if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "bf16")
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
@@ -394,6 +395,8 @@ def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
     assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor.3d" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
+    assert variant.constant_dict["SCORE_MOD"] == 0 and not variant.constant_dict["ACCUMULATE_DQ"]
+    assert "div.s32" not in artifact.ptx and "div.u32" not in artifact.ptx
 
 
 def test_the_hopper_dq_compiles_through_the_build(tmp_path):

@@ -78,10 +78,25 @@ def _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def _group_tile(t, g, i, n_tiles, CARRIED: gl.constexpr):
+    """Iteration t's (head of the group, query tile), t = g * n_tiles + i. CARRIED: from the
+    previous iteration's (g, i), the pair after it, with no division by the runtime n_tiles
+    (the loop starts them at (0, -1)); else from t."""
+    if CARRIED:
+        first = i + 1 == n_tiles
+        g = gl.where(first, g + 1, g)
+        i = gl.where(first, 0, i + 1)
+    else:
+        g = t // n_tiles
+        i = t - g * n_tiles
+    return g, i
+
+
+@gluon.jit
 def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
           kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
           lo, full_lo, full_hi, n_full, n_tiles,
-          HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+          HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CARRIED: gl.constexpr):
     """The producer warp: both halves of K and V, then every head's visited Q, dO, lse and delta
     tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
     after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1."""
@@ -92,9 +107,10 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
             tma.async_copy_global_to_shared(k_desc, [start_n + half * HALF_N, 0], kv_ready, k_smem.index(half))
             tma.async_copy_global_to_shared(v_desc, [start_n + half * HALF_N, 0], kv_ready, v_smem.index(half))
     offs_m = gl.arange(0, BLOCK_M, layout=row_layout)
+    g = n_tiles * 0
+    i = g - 1
     for t in range(n_tiles * kv_group_size):
-        g = t // n_tiles
-        i = t - g * n_tiles
+        g, i = _group_tile(t, g, i, n_tiles, CARRIED)
         stage = t % STAGES
         start_m = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M)
         rows = start_m + offs_m
@@ -162,7 +178,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                 window_left, window_right, qk_scale, softcap_log2, softmax_scale, ds_smem, ds_ready, dqa_desc, dq_smem,
                 HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
-                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr):
+                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr, CARRIED: gl.constexpr):
     """One consumer warpgroup: keys [start_n + HALF * HALF_N, + HALF_N) of the tile, through every
     visited query tile of every head of the group, then its rows of dK and dV. With ACCUMULATE_DQ
     also half of each query tile's dQ columns (the ds_smem, ds_ready, dqa_desc and dq_smem
@@ -189,9 +205,10 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
 
     if n_tiles > 0:
         mbarrier.wait(kv_ready, 0)
+        g = n_tiles * 0
+        i = g - 1
         for t in range(n_tiles * kv_group_size):
-            g = t // n_tiles
-            i = t - g * n_tiles
+            g, i = _group_tile(t, g, i, n_tiles, CARRIED)
             stage = t % STAGES
             mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
             q_tile = q_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
@@ -251,7 +268,8 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                      start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                      window_left, window_right, qk_scale, softcap_log2, softmax_scale, dqa_desc, dq_smem,
                      HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
-                     STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr):
+                     STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr,
+                     CARRIED: gl.constexpr):
     """One consumer warpgroup of the wide-head kernel: S and dP of all BLOCK_M query rows against
     its half of the 64 keys (queries as M), their P^T and dS^T rows into shared memory; once both
     halves are there, dV and dK of all 64 keys for its half of the head dim, and with
@@ -279,9 +297,10 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
 
     if n_tiles > 0:
         mbarrier.wait(kv_ready, 0)
+        g = n_tiles * 0
+        i = g - 1
         for t in range(n_tiles * kv_group_size):
-            g = t // n_tiles
-            i = t - g * n_tiles
+            g, i = _group_tile(t, g, i, n_tiles, CARRIED)
             stage = t % STAGES
             buf = t % 2
             mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
@@ -379,6 +398,11 @@ def attn_bwd_dkdv_sm90(
     # Two elsewhere: the wide form's tiles leave room for no more, and without dQ the
     # warpgroups gain nothing from more (measured at d64 and d128, NOTES.md T19).
     STAGES: gl.constexpr = 4 if ACCUMULATE_DQ and not WIDE and BLOCK_D <= 64 else 2
+    # Each iteration's (head of the group, query tile) carried from the last one instead of
+    # divided out of the loop counter: 1.01-1.02x at d128 and d256 without dQ accumulated or a
+    # score modification, but 0.95x at d64 16k with dQ (NOTES.md T19), and the d256 softcap
+    # variant spills 24 bytes more with it: only where measured faster.
+    CARRIED: gl.constexpr = BLOCK_D >= 128 and not ACCUMULATE_DQ and SCORE_MOD == 0
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     if not WIDE:
@@ -459,16 +483,18 @@ def attn_bwd_dkdv_sm90(
                                 alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
                                 kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
                                 n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                                dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ)),
+                                dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ,
+                                CARRIED)),
             (_accumulate_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready,
                                 ready, empty, tile_ready, dk_base, dv_base, stride_dks, stride_dvs, Alibi,
                                 alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
                                 kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
                                 n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                                dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ)),
+                                dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ,
+                                CARRIED)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
+                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES, CARRIED)),
         ], [4, PRODUCER_WARPS], [240, 24])
         for b in gl.static_range(2):
             mbarrier.invalidate(tile_ready.index(b))
@@ -488,17 +514,17 @@ def attn_bwd_dkdv_sm90(
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
                            ds_smem, ds_ready, dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
-                           ACCUMULATE_DQ)),
+                           ACCUMULATE_DQ, CARRIED)),
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
                            q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
                            ds_smem, ds_ready, dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
-                           ACCUMULATE_DQ)),
+                           ACCUMULATE_DQ, CARRIED)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES)),
+                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES, CARRIED)),
         ], [4, PRODUCER_WARPS], [240, 24])
 
     mbarrier.invalidate(kv_ready)

@@ -353,9 +353,10 @@ def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
 def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
     # Each consumer warpgroup adds its keys' part of a query tile's dQ, all 64 float32 columns,
     # by two cp.reduce.async.bulk.tensor (a box spans at most 128 bytes of a row under the
-    # swizzle); no scalar atomics; the dQ product reads the warpgroup's whole K tile (no
-    # half-width 64 x 32 products: the warpgroups share nothing); four Q/dO slots (16 KB each at
-    # d64) put the kernel's shared memory past 160 KB.
+    # swizzle); no scalar atomics; the dQ product reads the warpgroup's own K tile whole, so all
+    # five products of a warpgroup are 64 x 64 x 64 (4 wgmmas of k16 each, 40 in the two
+    # consumers) and none is a half-width 64 x 32 one (the form that waited for the other
+    # warpgroup's dS^T); four Q/dO slots (16 KB each at d64) put the shared memory past 160 KB.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "64"})
                    if v.kernel == "attn_bwd_dkdv" and v.constant_dict["ACCUMULATE_DQ"] and v.dtype == "bf16"
                    and v.constant_dict["SCORE_MOD"] == 0)
@@ -363,8 +364,11 @@ def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
     assert artifact.meta["name"] == "attn_bwd_dkdv_sm90" and artifact.meta["num_warps"] == 12
     assert artifact.ptx.count("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") == 4
     assert "atom.global" not in artifact.ptx and "red.global" not in artifact.ptx
+    assert artifact.ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 40
     assert "wgmma.mma_async.sync.aligned.m64n32k16" not in artifact.ptx
     assert 160 * 1024 < artifact.meta["shared"] <= 232448
+    # Its loops divide by the tile count (carrying the tile measured slower here, NOTES.md T19).
+    assert "div.u32" in artifact.ptx or "div.s32" in artifact.ptx
 
 
 def test_dq_accumulation_in_the_wide_head_form_compiles(tmp_path):
@@ -415,6 +419,17 @@ def test_the_hopper_dq_compiles_through_the_build(tmp_path):
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
     assert 192 * 1024 < artifact.meta["shared"] <= 232448
+
+
+def test_the_d256_dkdv_carries_its_tile_without_division(tmp_path):
+    # d256 without score modifications, like d128 (test above): each iteration's (head, query
+    # tile) comes from the last one's, no integer division in the kernel.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "256"})
+                   if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "bf16"
+                   and v.constant_dict["SCORE_MOD"] == 0)
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    assert artifact.meta["name"] == "attn_bwd_dkdv_sm90" and variant.constant_dict["BLOCK_N"] == 64
+    assert "div.s32" not in artifact.ptx and "div.u32" not in artifact.ptx
 
 
 def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):

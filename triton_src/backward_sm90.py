@@ -181,8 +181,8 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr, CARRIED: gl.constexpr):
     """One consumer warpgroup: keys [start_n + HALF * HALF_N, + HALF_N) of the tile, through every
     visited query tile of every head of the group, then its rows of dK and dV. With ACCUMULATE_DQ
-    also half of each query tile's dQ columns (the ds_smem, ds_ready, dqa_desc and dq_smem
-    arguments; None without it)."""
+    also its keys' part of each query tile's dQ, over all the columns (_accumulate_dq: the
+    ds_smem, ds_ready, dqa_desc and dq_smem arguments; None without it)."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -388,15 +388,17 @@ def attn_bwd_dkdv_sm90(
     DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N 128: two consumer
     warpgroups of 64 keys (_accumulate, up to head dim 128); BLOCK_N 64: the wide-head form, whose
     warpgroups share the keys and split the head dim (_accumulate_wide). ACCUMULATE_DQ (up to
-    d128): each warpgroup also computes half of each query tile's dQ columns and adds them to
-    DQAccum by bulk TMA reductions (_reduce_dq). Launched with 4 warps, warp_specialize adds the
+    d128): each warpgroup also adds a part of each query tile's dQ to DQAccum by bulk TMA
+    reductions (_reduce_dq): its keys' part over all the columns in the first form, half of the
+    columns over all the keys in the wide one. Launched with 4 warps, warp_specialize adds the
     rest."""
     WIDE: gl.constexpr = BLOCK_N == 64
     # Q/dO slots. A slot is free once both warpgroups have read it; with dQ accumulated by
     # _accumulate_dq they never wait for each other, and four slots let one run ahead of the
     # other (three cost more than they gain: the slot and phase arithmetic divides by three).
-    # Two elsewhere: the wide form's tiles leave room for no more, and without dQ the
-    # warpgroups gain nothing from more (measured at d64 and d128, NOTES.md T19).
+    # Two elsewhere: without dQ the warpgroups gained nothing from more (measured at d64 and
+    # d128, NOTES.md T19), the wide form at d256 has no room for more, and at d128 it was not
+    # measured with more.
     STAGES: gl.constexpr = 4 if ACCUMULATE_DQ and not WIDE and BLOCK_D <= 64 else 2
     # Each iteration's (head of the group, query tile) carried from the last one instead of
     # divided out of the loop counter: 1.01-1.02x at d128 and d256 without dQ accumulated or a
@@ -427,14 +429,18 @@ def attn_bwd_dkdv_sm90(
     v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
     q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + first_head * stride_qh
     do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + first_head * stride_doh
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], tile_layout)
+    # The wide form's dQ product reads K by half-width column slices, each of which must start a
+    # swizzle pattern: below d128 that takes a narrower swizzle.
+    k_swizzle: gl.constexpr = BLOCK_D if ACCUMULATE_DQ and WIDE and BLOCK_D < swizzle else swizzle
+    k_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=k_swizzle, element_bitwidth=16, rank=2)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], k_layout)
     v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, BLOCK_D], tile_layout)
     q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim], [stride_qs, stride_qh, 1],
                                         [BLOCK_M, 1, BLOCK_D], row3_layout)
     do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim], [stride_dos, stride_doh, 1],
                                          [BLOCK_M, 1, BLOCK_D], row3_layout)
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)

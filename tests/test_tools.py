@@ -147,13 +147,37 @@ def test_kernel_times_refuses_a_machine_without_cuda():
     assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("script", ["hopper_forward_ab", "hopper_backward_ab"])
+@pytest.mark.parametrize("script", ["hopper_forward_ab", "hopper_backward_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
     # kernel and spec they launch (a renamed one fails here, not on the next GPU run).
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2 and "needs a Hopper GPU" in result.stderr, result.stdout + result.stderr
+
+
+def test_revision_ab_imports_another_revisions_kernels(tmp_path):
+    # The base side is triton_src as git has it at a revision, a package of its own beside the
+    # working tree's: its launch helpers and the three Hopper specs, from its own files.
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: no revision to take triton_src from")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from revision_ab import PACKAGE, load_revision
+
+    import triton_src
+
+    try:
+        base = load_revision("HEAD", tmp_path)
+        assert base.__name__ == PACKAGE and Path(base.__file__).is_relative_to(tmp_path)
+        assert Path(base.python_launch.__file__).is_relative_to(tmp_path)
+        assert base.python_launch.backward_dkdv is not triton_src.python_launch.backward_dkdv
+        assert {s.name for s in base.IMPLEMENTATIONS.values()} == {s.name for s in triton_src.IMPLEMENTATIONS.values()}
+        with pytest.raises(SystemExit, match="git archive no-such-revision"):
+            load_revision("no-such-revision", tmp_path / "other")
+    finally:
+        for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
+            del sys.modules[name]
+        sys.path.remove(str(tmp_path))
 
 
 def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():

@@ -13,12 +13,15 @@ take the calls below (`spec=`, `accumulate_dq=`, `programs=`).
 
 Kernels: forward (attn_fwd_sm90; --programs per (head, batch), default the op's model),
 dkdv (attn_bwd_dkdv_sm90; --accumulate-dq for deterministic=False's form), dq (attn_bwd_dq_sm90),
-with the tiles the working tree's grid builds for the bucket. Shapes: bf16, hidden 2048, 16k tokens
-(batch = 16384 / seqlen), --group query heads per KV head, each seqlen causal and not; lse and
-delta from the forward. Each row: TFLOP/s of both (products counted: forward 2, dK/dV 4 or 5 with
-dQ, dQ 3), the speedup (base time / tree time), and whether every output is bitwise equal (else
-the largest absolute difference). The two alternate --pairs times, each sample the median of 10
-calls, the figure the median over the samples. Needs a Hopper GPU (the kernels are sm_90a code).
+with the tiles the working tree's grid builds for the bucket and score modification (a head dim
+or flag it builds none for is refused before anything runs). Shapes: bf16, hidden 2048, 16k
+tokens (batch = 16384 / seqlen), --group query heads per KV head, each seqlen causal and not; lse
+and delta from the forward. Each row: TFLOP/s of both (products counted: forward 2, dK/dV 4 or 5
+with dQ, dQ 3), the speedup (base time / tree time), and per output whether it is bitwise equal
+and the largest absolute difference. dQ accumulated by bulk reductions (--accumulate-dq) adds in
+an order that varies between runs, so it need not be bitwise equal even against itself. The two
+alternate --pairs times, each sample the median of 10 calls, the figure the median over the
+samples; rows are written to --out as they come. Needs a Hopper GPU (the kernels are sm_90a code).
 """
 
 from __future__ import annotations
@@ -43,13 +46,16 @@ import triton  # noqa: E402
 import triton_src  # noqa: E402
 import triton_src.python_launch  # noqa: E402,F401  (the tree's side: triton_src.python_launch)
 from aot_build.tune import Problem  # noqa: E402
+from aot_build import grid  # noqa: E402
 from common import int_list, interleaved_ms, write_ab_rows  # noqa: E402
-from hopper_backward_ab import hopper_dq_tiles, hopper_tiles  # noqa: E402
-from hopper_forward_ab import _hopper_tiles as forward_tiles  # noqa: E402
 
 PACKAGE = "triton_src_base"
 # Products of each kernel in units of the forward's two (QK^T and PV).
 WORK = {"forward": 1.0, "dkdv": 2.0, "dkdv_dq": 2.5, "dq": 1.5}
+# Each kernel's family in the grid, its Hopper implementation, and the outputs its launch helper returns.
+FAMILY = {"forward": "attn_fwd", "dkdv": "attn_bwd_dkdv", "dq": "attn_bwd_dq"}
+IMPLEMENTATION = {"forward": "attn_fwd_sm90", "dkdv": "attn_bwd_dkdv_sm90", "dq": "attn_bwd_dq_sm90"}
+OUTPUTS = {"forward": ("out", "lse"), "dkdv": ("dk", "dv"), "dkdv_dq": ("dk", "dv", "dq"), "dq": ("dq",)}
 
 
 def load_revision(rev: str, directory: Path):
@@ -89,29 +95,46 @@ def op_programs(tiles: int, pairs: int, heavy_first: bool, sms: int) -> int:
     return best
 
 
-def kernel_call(side, kernel: str, p: Problem, tiles, causal: bool, softcap: float, accumulate_dq: bool,
+def grid_tiles(kernel: str, head_dim: int, score_mod: int, accumulate_dq: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the Hopper implementation the working tree's
+    grid builds for the kernel, bucket and flags; SystemExit naming what is missing."""
+    for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": str(head_dim)}):
+        c = v.constant_dict
+        if (v.kernel == FAMILY[kernel] and v.implementation == IMPLEMENTATION[kernel]
+                and c["BLOCK_D"] == head_dim and c["SCORE_MOD"] == score_mod
+                and (kernel != "dkdv" or c["ACCUMULATE_DQ"] == accumulate_dq)):
+            return c["BLOCK_M"], c["BLOCK_N"], v.num_warps, v.num_stages
+    raise SystemExit(f"revision_ab: the grid builds {IMPLEMENTATION[kernel]} for no {head_dim} bucket with "
+                     f"SCORE_MOD {score_mod}" + (f" and ACCUMULATE_DQ {accumulate_dq}" if kernel == "dkdv" else ""))
+
+
+def kernel_call(side, kernel: str, p, tiles, causal: bool, softcap: float, accumulate_dq: bool,
                 programs: int | None):
-    """A callable launching `kernel` as `side` (triton_src or the base package) has it."""
+    """A callable launching `kernel` as `side` (triton_src or the base package) has it. The spec
+    and launch helper are looked up here, so a side without them fails before anything runs."""
     launch = side.python_launch
     variant = launch.Variant(causal=causal, softcap=softcap)
     tiles = launch.Tiles(*tiles)
-    grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
     if kernel == "forward":
-        return lambda: launch.forward(p.q, p.k, p.v, tiles, variant, spec=side.forward_sm90.ATTN_FWD_SM90,
-                                      programs=programs)
+        spec, forward = side.forward_sm90.ATTN_FWD_SM90, launch.forward
+        return lambda: forward(p.q, p.k, p.v, tiles, variant, spec=spec, programs=programs)
+    grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
     if kernel == "dkdv":
-        return lambda: launch.backward_dkdv(*grads, tiles, variant, spec=side.backward_sm90.ATTN_BWD_DKDV_SM90,
-                                            accumulate_dq=accumulate_dq)
-    return lambda: launch.backward_dq(*grads, tiles, variant, spec=side.backward_dq_sm90.ATTN_BWD_DQ_SM90)
+        spec, backward_dkdv = side.backward_sm90.ATTN_BWD_DKDV_SM90, launch.backward_dkdv
+        return lambda: backward_dkdv(*grads, tiles, variant, spec=spec, accumulate_dq=accumulate_dq)
+    spec, backward_dq = side.backward_dq_sm90.ATTN_BWD_DQ_SM90, launch.backward_dq
+    return lambda: backward_dq(*grads, tiles, variant, spec=spec)
 
 
-def compare(a, b) -> tuple[bool, float]:
-    """(every output bitwise equal, largest absolute difference) of two calls' outputs."""
+def compare(a, b, names) -> dict:
+    """Per output of two calls (named by `names`): bitwise equal, and the largest absolute
+    difference (inf where one side has a NaN the other has not)."""
     a, b = (x if isinstance(x, tuple) else (x,) for x in (a, b))
-    same = all(torch.equal(x, y) for x, y in zip(a, b))
-    diff = max(((x.float() - y.float()).abs().nan_to_num(float("inf")).max().item() for x, y in zip(a, b)),
-               default=0.0)
-    return same, diff
+    result = {}
+    for name, x, y in zip(names, a, b, strict=True):
+        result[f"{name}_equal"] = torch.equal(x, y)
+        result[f"{name}_max_abs_diff"] = (x.float() - y.float()).abs().nan_to_num(float("inf")).max().item()
+    return result
 
 
 def main(argv=None) -> int:
@@ -127,50 +150,52 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    head_dims = int_list(args.head_dims)
+    if args.group < 1 or any((2048 // d) % args.group for d in head_dims):
+        parser.error(f"--group {args.group} must divide every head dim's head count (2048 / head dim)")
+    if args.accumulate_dq and args.kernel != "dkdv":
+        parser.error("--accumulate-dq is dkdv's")
+    if args.programs is not None and args.kernel != "forward":
+        parser.error("--programs is the forward's")
+    score_mod = int(args.softcap > 0)
+    tiles = {d: grid_tiles(args.kernel, d, score_mod, args.accumulate_dq) for d in head_dims}
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times sm_90 kernels: needs a Hopper GPU")
     # The Gluon kernels build their TMA descriptors in global scratch, which the JIT launch allocates.
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    score_mod = int(args.softcap > 0)
-    work = WORK["dkdv_dq" if args.kernel == "dkdv" and args.accumulate_dq else args.kernel]
+    kind = "dkdv_dq" if args.kernel == "dkdv" and args.accumulate_dq else args.kernel
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         base = load_revision(args.base, Path(directory))
-        for d in int_list(args.head_dims):
-            if args.kernel == "forward":
-                tiles = forward_tiles(d, None)
-            elif args.kernel == "dkdv":
-                tiles = hopper_tiles(d, score_mod, None, accumulate_dq=args.accumulate_dq)
-            else:
-                tiles = hopper_dq_tiles(d, score_mod)
-                if tiles is None:
-                    raise SystemExit(f"the grid builds attn_bwd_dq_sm90 for no {d} bucket with SCORE_MOD {score_mod}")
-            tiles = (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages)
+        for d in head_dims:
             heads = 2048 // d
             for seqlen in int_list(args.seqlens):
                 for causal in (False, True):
                     p = Problem(16384 // seqlen, seqlen, heads, heads // args.group, d, causal)
-                    p.prepare_backward()
-                    programs = args.programs
-                    if args.kernel == "forward" and programs is None:
-                        programs = op_programs(-(-seqlen // tiles[0]), p.q.shape[0] * heads, causal, sms)
-                    calls = {name: kernel_call(side, args.kernel, p, tiles, causal, args.softcap,
-                                               args.accumulate_dq, programs)
+                    if args.kernel != "forward":
+                        p.prepare_backward()
+                    flags = {}
+                    if args.kernel == "forward":
+                        flags["programs"] = args.programs or op_programs(-(-seqlen // tiles[d][0]),
+                                                                         p.q.shape[0] * heads, causal, sms)
+                    if args.kernel == "dkdv":
+                        flags["accumulate_dq"] = args.accumulate_dq
+                    calls = {name: kernel_call(side, args.kernel, p, tiles[d], causal, args.softcap,
+                                               args.accumulate_dq, flags.get("programs"))
                              for name, side in (("base", base), ("tree", triton_src))}
-                    same, diff = compare(calls["base"](), calls["tree"]())
+                    outputs = compare(calls["base"](), calls["tree"](), OUTPUTS[kind])
                     ms = interleaved_ms(calls, args.pairs)
                     row = {"kernel": args.kernel, "head_dim": d, "seqlen": seqlen, "causal": causal,
-                           "group": args.group, "softcap": args.softcap, "accumulate_dq": args.accumulate_dq,
-                           "programs": programs, "bitwise_equal": same, "max_abs_diff": diff,
-                           **{f"{name}_tflops": round(work * p.flops / t / 1e9, 1) for name, t in ms.items()},
+                           "group": args.group, "softcap": args.softcap, **flags, **outputs,
+                           **{f"{name}_tflops": round(WORK[kind] * p.flops / t / 1e9, 1) for name, t in ms.items()},
                            "speedup": round(ms["base"] / ms["tree"], 3)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+                    if args.out:
+                        write_ab_rows(args.out, rows)  # after every row: a cut-off run keeps what it measured
                     del p, calls
                     torch.cuda.empty_cache()
-    if args.out:
-        write_ab_rows(args.out, rows)
     return 0
 
 

@@ -158,26 +158,62 @@ def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
 
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):
     # The base side is triton_src as git has it at a revision, a package of its own beside the
-    # working tree's: its launch helpers and the three Hopper specs, from its own files.
+    # working tree's: its launch helpers and the three Hopper specs, from its own files, from
+    # which each kernel's call is put together before anything runs.
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("not a git checkout: no revision to take triton_src from")
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from revision_ab import PACKAGE, load_revision
+    from types import SimpleNamespace
+
+    from revision_ab import PACKAGE, kernel_call, load_revision
 
     import triton_src
 
+    problem = SimpleNamespace(q=None, k=None, v=None, dout=None, lse=None, delta=None)
     try:
         base = load_revision("HEAD", tmp_path)
         assert base.__name__ == PACKAGE and Path(base.__file__).is_relative_to(tmp_path)
         assert Path(base.python_launch.__file__).is_relative_to(tmp_path)
         assert base.python_launch.backward_dkdv is not triton_src.python_launch.backward_dkdv
         assert {s.name for s in base.IMPLEMENTATIONS.values()} == {s.name for s in triton_src.IMPLEMENTATIONS.values()}
+        for kernel in ("forward", "dkdv", "dq"):
+            assert callable(kernel_call(base, kernel, problem, (128, 64, 4, 1), True, 0.0, False, 2))
+        without_specs = SimpleNamespace(python_launch=base.python_launch)
+        for kernel in ("forward", "dkdv", "dq"):
+            with pytest.raises(AttributeError):
+                kernel_call(without_specs, kernel, problem, (128, 64, 4, 1), True, 0.0, False, 2)
         with pytest.raises(SystemExit, match="git archive no-such-revision"):
             load_revision("no-such-revision", tmp_path / "other")
     finally:
         for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
             del sys.modules[name]
-        sys.path.remove(str(tmp_path))
+        if str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+
+
+def test_revision_ab_takes_the_grids_tiles_and_the_ops_programs():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from revision_ab import compare, grid_tiles, op_programs
+
+    # The tiles configs.json's implementations give, or a refusal naming what the grid lacks.
+    assert grid_tiles("dkdv", 64, 0, True) == (64, 128, 4, 1)
+    assert grid_tiles("dkdv", 128, 1, True) == (64, 64, 4, 1)
+    assert grid_tiles("dq", 128, 0, False)[:2] == (128, 64)
+    assert grid_tiles("forward", 64, 0, False)[:2] == (192, 128)
+    with pytest.raises(SystemExit, match="attn_bwd_dq_sm90 for no 64 bucket"):
+        grid_tiles("dq", 64, 0, False)
+    with pytest.raises(SystemExit, match="attn_fwd_sm90 for no 64 bucket with SCORE_MOD 1"):
+        grid_tiles("forward", 64, 1, False)
+    # csrc/attention/query_tile_programs.cpp's choices at the benchmark's d128 shapes on 132 SMs
+    # (benchmarks/results/forward_programs_per_pair_h100/: model_g), and its short causal rule.
+    assert [op_programs(tiles, pairs, False, 132) for tiles, pairs in ((32, 64), (64, 32), (128, 16))] == [2, 4, 8]
+    assert op_programs(4, 64, True, 132) == 4 and op_programs(1, 64, False, 132) == 1
+    a, b = torch.zeros(3), torch.tensor([0.0, 0.5, float("nan")])
+    assert compare((a, a), (a, a), ("dk", "dv")) == {"dk_equal": True, "dk_max_abs_diff": 0.0,
+                                                     "dv_equal": True, "dv_max_abs_diff": 0.0}
+    assert compare(a, b, ("dq",)) == {"dq_equal": False, "dq_max_abs_diff": float("inf")}
+    with pytest.raises(ValueError):
+        compare((a, a, a), (a, a), ("dk", "dv", "dq"))
 
 
 def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():

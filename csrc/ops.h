@@ -23,9 +23,11 @@ using torch::stable::Tensor;
 // `bias` (attention/bias.h) takes the dense layout only; dropout (attention/dropout.h) needs
 // `dropout_seed` when dropout_p > 0, and the backward the same seed and dropout_p.
 #define FATTN_DROPOUT_ARGS double dropout_p, std::optional<Tensor> dropout_seed
+// `alibi_offset` shifts the query positions in ALiBi's distance (attention/attention_variant.h),
+// for callers that compute one sequence in pieces (ring attention); 0 otherwise.
 #define FATTN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, std::optional<double> softmax_scale, bool causal, \
                            bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> sinks, \
-                           std::optional<Tensor> bias, FATTN_DROPOUT_ARGS
+                           std::optional<Tensor> bias, FATTN_DROPOUT_ARGS, int64_t alibi_offset
 std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 
@@ -37,7 +39,7 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 #define FATTN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
                             std::optional<Tensor> dlse, std::optional<double> softmax_scale, bool causal, \
                             bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> bias, \
-                            bool bias_grad, FATTN_DROPOUT_ARGS
+                            bool bias_grad, FATTN_DROPOUT_ARGS, int64_t alibi_offset
 std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS);
 std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
 

@@ -37,11 +37,11 @@ TILES = Tiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
 def launch(q, k, v, dout, dlse, causal, window, softcap, alibi, packing=None, segments=None, sinks=None, bias=None,
-           dropout_p=0.0, dropout_seed=None):
+           dropout_p=0.0, dropout_seed=None, alibi_offset=0):
     """(out, lse, dq, dk, dv) from the kernels, and dbias with a bias; packing: None (dense) or a
     Packing."""
-    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, segments=segments, sinks=sinks,
-                      bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
+    variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, alibi_offset=alibi_offset,
+                      segments=segments, sinks=sinks, bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
     out, lse = forward(q, k, v, TILES, variant, packing)
     delta = backward_preprocess(out, dout, lse, dlse, TILES, packing)
     dk, dv, *dbias = backward_dkdv(q, k, v, dout, lse, delta, TILES, variant, packing, want_dbias=bias is not None)
@@ -64,6 +64,10 @@ CASES = [
     ("alibi-heads-causal", 48, 48, 4, 2, 16, True, (-1, -1), 0.0, "heads"),
     ("alibi-batch-window-softcap", 39, 57, 2, 2, 24, False, (9, 4), 2.0, "batch"),
     ("all-causal-window-sq-above-sk", 57, 39, 4, 2, 16, True, (12, -1), 3.0, "heads"),
+    # ALiBi's distances shifted by alibi_offset (a ring attention piece): negative, so that they
+    # change sign inside the tiles, and positive past both lengths.
+    ("alibi-offset-negative-causal-window", 45, 53, 4, 2, 16, True, (20, -1), 0.0, "offset-23"),
+    ("alibi-offset-positive-softcap", 37, 29, 2, 1, 24, False, (-1, -1), 2.0, "offset+300"),
     ("segments-causal", 50, 50, 4, 2, 16, True, (-1, -1), 0.0, "segments"),
     ("segments-window-softcap-sq-below-sk", 37, 58, 2, 2, 24, False, (9, 3), 2.0, "segments"),
     ("sinks-causal-sq-above-sk-gqa2", 53, 37, 4, 2, 16, True, (-1, -1), 0.0, "sinks"),
@@ -91,6 +95,9 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     batch = 2
     segments = sinks = bias = dropout_seed = None
     dropout_p = 0.0
+    alibi_offset = 0
+    if alibi_kind is not None and alibi_kind.startswith("offset"):
+        alibi_offset, alibi_kind = int(alibi_kind[len("offset"):]), "batch"
     if alibi_kind is not None and "dropout" in alibi_kind:
         dropout_p, dropout_seed = 0.3, torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64)
         alibi_kind = alibi_kind.replace("dropout", "").strip("-") or None
@@ -117,13 +124,13 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     options = (causal, False, window[0], window[1], softcap, alibi, *(segments or (None, None)))
     bias64 = None if bias is None else bias.double()
     want_out, want_lse = torch.ops.fattn.forward(q.double(), k.double(), v.double(), None, *options, sinks, bias64,
-                                                 dropout_p, dropout_seed)
+                                                 dropout_p, dropout_seed, alibi_offset)
     finite = torch.isfinite(want_lse)
     *want, want_dbias = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out,
                                                  want_lse, dlse.double().masked_fill(~finite, 0), None, *options,
-                                                 bias64, bias is not None, dropout_p, dropout_seed)
+                                                 bias64, bias is not None, dropout_p, dropout_seed, alibi_offset)
     got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments,
-                 sinks=sinks, bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                 sinks=sinks, bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed, alibi_offset=alibi_offset)
     row = compare(name, got[:5], want_out, want_lse, want)
     if bias is not None:
         row["dbias_err"] = (got[5].double() - want_dbias).abs().max().item()

@@ -3,7 +3,7 @@ by Triton's interpreter (tests/interpret_attention_kernels.py) against fattn's f
 
 CI has no GPU, so this is where the window ranges (the masked edges, the unmasked middle and
 the skipped tiles, in both the key-tile and the query-tile direction), the softcap and its
-derivative, ALiBi and rows outside every window are checked in the Triton source before the
+derivative, ALiBi (with its alibi_offset) and rows outside every window are checked in the Triton source before the
 device runs the compiled cubins (test_variants_gpu.py); and the packed (varlen) addressing:
 each program's sequence span, tiles past a short sequence's end, lse in [heads, total_q],
 seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py); and
@@ -20,7 +20,8 @@ SCRIPT = Path(__file__).with_name("interpret_attention_kernels.py")
 CASES = [
     "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
-    "alibi-batch-window-softcap", "all-causal-window-sq-above-sk",
+    "alibi-batch-window-softcap", "all-causal-window-sq-above-sk", "alibi-offset-negative-causal-window",
+    "alibi-offset-positive-softcap",
     "segments-causal", "segments-window-softcap-sq-below-sk", "sinks-causal-sq-above-sk-gqa2",
     "sinks-window-softcap", "bias-heads-broadcast-causal", "bias-window-softcap-alibi", "dropout-gqa2",
     "dropout-bias-causal-window", "varlen-gqa2", "varlen-causal-q-and-k-differ",

@@ -84,7 +84,7 @@ def _dkdv_query_tiles(
     dk, dv, k, v, q_base, do_base, Lse, Delta, row_base,
     stride_qs, stride_dos, offs_n, offs_d,
     lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim, diagonal, window_left, window_right,
-    qk_scale, softcap_log2, alibi_log2, q_seg_base, kv_seg, use_segments,
+    qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg_base, kv_seg, use_segments,
     bias_base, stride_biasq, use_bias, dbias_base, stride_dbiasq, write_dbias,
     seed, batch, head, start_n, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
@@ -107,7 +107,8 @@ def _dkdv_query_tiles(
         delta = tl.load(Delta + row_base + rows, mask=rows < seqlen_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
         if SCORE_MOD:
-            qk_t, dcap_t = modified_scores(qk_t, rows[None, :], offs_n[:, None], diagonal, softcap_log2, alibi_log2)
+            qk_t, dcap_t = modified_scores(qk_t, rows[None, :], offs_n[:, None],
+                                           diagonal, softcap_log2, alibi_log2, alibi_offset)
         if MASKED:
             if SCORE_MOD == 2:
                 if use_bias != 0:
@@ -150,7 +151,7 @@ def attn_bwd_dkdv(
     stride_dvb, stride_dvs, stride_dvh,
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
-    Alibi, stride_alibib, stride_alibih, use_alibi,
+    Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
@@ -213,15 +214,15 @@ def attn_bwd_dkdv(
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
                                    diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   q_seg_base, kv_seg, use_segments, bias_base, stride_biasq, use_bias, dbias_base,
-                                   stride_dbiasq, write_dbias, seed, batch, head, start_n, dropout_threshold,
-                                   dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
+                                   alibi_offset, q_seg_base, kv_seg, use_segments, bias_base, stride_biasq,
+                                   use_bias, dbias_base, stride_dbiasq, write_dbias, seed, batch, head, start_n,
+                                   dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
                                    offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
                                    diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   q_seg_base, kv_seg, use_segments, bias_base, stride_biasq, use_bias, dbias_base,
-                                   stride_dbiasq, write_dbias, seed, batch, head, start_n, dropout_threshold,
-                                   dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+                                   alibi_offset, q_seg_base, kv_seg, use_segments, bias_base, stride_biasq,
+                                   use_bias, dbias_base, stride_dbiasq, write_dbias, seed, batch, head, start_n,
+                                   dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
 
     dk *= softmax_scale
     _store_rows(DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh, dk, offs_n, stride_dks, offs_d,
@@ -234,7 +235,7 @@ def attn_bwd_dkdv(
 def _dq_key_tiles(
     dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs,
     start_m, offs_m, offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-    qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
+    qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
     seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
     SCORE_MOD: tl.constexpr,
@@ -251,7 +252,8 @@ def _dq_key_tiles(
         v = _load_rows(v_base, cols, stride_vs, offs_d, seqlen_k, head_dim, PAD_D)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         if SCORE_MOD:
-            qk, dcap = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
+            qk, dcap = modified_scores(qk, offs_m[:, None], cols[None, :],
+                                       diagonal, softcap_log2, alibi_log2, alibi_offset)
         if MASKED:
             if SCORE_MOD == 2:
                 if use_bias != 0:
@@ -284,7 +286,7 @@ def attn_bwd_dq(
     stride_dqb, stride_dqs, stride_dqh,
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
-    Alibi, stride_alibib, stride_alibih, use_alibi,
+    Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
@@ -332,14 +334,14 @@ def attn_bwd_dq(
     # The fully visible key tiles without a mask, then the window's two edges with it.
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
                        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
-                       stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-                       PAD_D, False, SCORE_MOD)
+                       qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                       seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
+                       BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
     dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
                        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-                       qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
-                       stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-                       PAD_D, True, SCORE_MOD)
+                       qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                       seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
+                       BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 
@@ -348,7 +350,7 @@ _PACKING = [*strides("lse", "bh", aligned=False), index_tensor("CuSeqlensQ"), in
             index_tensor("SequsedK"), i32("use_cu_seqlens"), i32("use_seqused_k")]
 _SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
           i32("window_left"), i32("window_right"),
-          slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
+          slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"), i32("alibi_offset"),
           index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
           i32("use_segments"),
           f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale"),

@@ -52,13 +52,13 @@ def _load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_re
 
 @gluon.jit
 def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_k, diagonal, window_left,
-                    window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
-                    SCORE_MOD: gl.constexpr):
+                    window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base,
+                    use_segments, SCORE_MOD: gl.constexpr):
     """dS of key tile j from its S and dP: attn_bwd_dq's _dq_key_tiles between the products."""
     cols = start_n + offs_n
     s = s * qk_scale
     if SCORE_MOD:
-        s, dcap = modified_scores(s, rows[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
+        s, dcap = modified_scores(s, rows[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2, alibi_offset)
     p = gl.exp2(s - lse[:, None])
     if j >= n_full:
         visible = key_visible(rows[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -75,7 +75,7 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
 def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
               Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi, n_full,
               n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-              softmax_scale,
+              alibi_offset, softmax_scale,
               HALF: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
     """One consumer warpgroup: rows [start_m + HALF * HALF_M, + HALF_M) through every visited
@@ -114,8 +114,8 @@ def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
         mbarrier.arrive(v_empty.index(0), count=1)
         start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
         ds = _score_gradient(s, dp, 0, start_n, rows, offs_n, lse, delta, n_full, seqlen_k, diagonal, window_left,
-                             window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
-                             SCORE_MOD)
+                             window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base,
+                             use_segments, SCORE_MOD)
         ds_op = gl.convert_layout(ds.to(dtype), a_layout)
         turn_phase = 0
         for j in range(1, n_tiles):
@@ -135,8 +135,8 @@ def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
             mbarrier.arrive(v_empty.index(stage), count=1)
             start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
             ds = _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_k, diagonal,
-                                 window_left, window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base,
-                                 use_segments, SCORE_MOD)
+                                 window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg,
+                                 kv_seg_base, use_segments, SCORE_MOD)
             # dS(j-1)'s registers are the running product's operand until it finishes.
             dq = warpgroup_mma_wait(0, deps=(dq, ))
             mbarrier.arrive(k_empty.index(prev), count=1)
@@ -165,7 +165,7 @@ def attn_bwd_dq_sm90(
     stride_dqb, stride_dqs, stride_dqh,
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
-    Alibi, stride_alibib, stride_alibih, use_alibi,
+    Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
@@ -230,11 +230,11 @@ def attn_bwd_dq_sm90(
         (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
                      Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi,
                      n_full, n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2,
-                     alibi_log2, softmax_scale, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
+                     alibi_log2, alibi_offset, softmax_scale, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
         (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
                      Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi,
                      n_full, n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2,
-                     alibi_log2, softmax_scale, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
+                     alibi_log2, alibi_offset, softmax_scale, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
         (_load, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                  k_empty, v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, HALF_M, BLOCK_N, STAGES)),
     ], [4, 1], [240, 24])

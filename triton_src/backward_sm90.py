@@ -174,7 +174,7 @@ def _reduce_dq(dq, dqa_desc, dq_smem, start_m, g, COL0: gl.constexpr, BLOCK_M: g
 @gluon.jit
 def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                 DK, DV, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih,
-                use_alibi, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                use_alibi, alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                 start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                 window_left, window_right, qk_scale, softcap_log2, softmax_scale, ds_smem, ds_ready, dqa_desc, dq_smem,
                 HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
@@ -227,7 +227,8 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None], diagonal, softcap_log2, alibi_log2)
+                s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None],
+                                            diagonal, softcap_log2, alibi_log2, alibi_offset)
             p_t = gl.exp2(s_t - lse[None, :])
             if i >= n_full:
                 visible = key_visible(rows[None, :], keys[:, None], seqlen_k, diagonal, window_left, window_right)
@@ -264,7 +265,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
 @gluon.jit
 def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready, ready,
                      empty, tile_ready, DK, DV, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih,
-                     use_alibi, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                     use_alibi, alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                      start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                      window_left, window_right, qk_scale, softcap_log2, softmax_scale, dqa_desc, dq_smem,
                      HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
@@ -319,7 +320,8 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                s, dcap = modified_scores(s, rows[:, None], keys[None, :], diagonal, softcap_log2, alibi_log2)
+                s, dcap = modified_scores(s, rows[:, None], keys[None, :],
+                                          diagonal, softcap_log2, alibi_log2, alibi_offset)
             p = gl.exp2(s - lse[:, None])
             if i >= n_full:
                 visible = key_visible(rows[:, None], keys[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -375,7 +377,7 @@ def attn_bwd_dkdv_sm90(
     stride_dvb, stride_dvs, stride_dvh,
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
-    Alibi, stride_alibib, stride_alibih, use_alibi,
+    Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
@@ -486,18 +488,18 @@ def attn_bwd_dkdv_sm90(
         gl.warp_specialize([
             (_accumulate_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready,
                                 ready, empty, tile_ready, dk_base, dv_base, stride_dks, stride_dvs, Alibi,
-                                alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
-                                kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
-                                n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                                dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ,
-                                CARRIED)),
+                                alibi_base, stride_alibih, use_alibi, alibi_offset, q_seg_base, kv_seg_base,
+                                use_segments, kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo,
+                                full_lo, full_hi, n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2,
+                                softmax_scale, dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
+                                ACCUMULATE_DQ, CARRIED)),
             (_accumulate_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, dst_smem, kv_ready,
                                 ready, empty, tile_ready, dk_base, dv_base, stride_dks, stride_dvs, Alibi,
-                                alibi_base, stride_alibih, use_alibi, q_seg_base, kv_seg_base, use_segments,
-                                kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi,
-                                n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                                dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD, ACCUMULATE_DQ,
-                                CARRIED)),
+                                alibi_base, stride_alibih, use_alibi, alibi_offset, q_seg_base, kv_seg_base,
+                                use_segments, kv_group_size, kv_head, start_n, seqlen_q, seqlen_k, head_dim, lo,
+                                full_lo, full_hi, n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2,
+                                softmax_scale, dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
+                                ACCUMULATE_DQ, CARRIED)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES, CARRIED)),
@@ -516,14 +518,14 @@ def attn_bwd_dkdv_sm90(
         gl.warp_specialize([
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
-                           q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                           alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
                            ds_smem, ds_ready, dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
                            ACCUMULATE_DQ, CARRIED)),
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
-                           q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
+                           alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
                            ds_smem, ds_ready, dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,

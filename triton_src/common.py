@@ -235,12 +235,13 @@ def alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi
 
 
 @triton.jit
-def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2):
+def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2, alibi_offset):
     """(scores, dscores/dqk) after the softcap and the ALiBi bias, in the log2 domain.
 
     With softcap_log2 = softcap * log2(e) > 0, `qk` is q.k * scale / softcap and the score is
     softcap * tanh(qk); otherwise `qk` is already the score. ALiBi subtracts
-    slope * |q_idx + diagonal - k_idx| (alibi_log2 = slope * log2(e); 0 adds nothing). The
+    slope * |q_idx + diagonal + alibi_offset - k_idx| (alibi_log2 = slope * log2(e); 0 adds
+    nothing; alibi_offset moves ALiBi's distances apart from the masks' diagonal). The
     second value is the softcap's derivative factor (1 - tanh^2), which the backward applies
     to dS; 1 without a softcap.
     """
@@ -253,7 +254,9 @@ def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2):
         dscores = qk * 0.0 + 1.0
     # Unconditional: a runtime branch around it (skipping it for a softcap alone) measured 5 %
     # faster with the softcap alone but 12 % slower with ALiBi, forward and backward.
-    scores -= alibi_log2 * tl.abs(q_idx + diagonal - k_idx).to(tl.float32)
+    # The offset goes on the key side: on the query side it kept a second copy of the query
+    # positions live through the loops (more spills in 9-11 of 20 sm_90 variants; NOTES.md R6).
+    scores -= alibi_log2 * tl.abs(q_idx + diagonal - (k_idx - alibi_offset)).to(tl.float32)
     return scores, dscores
 
 

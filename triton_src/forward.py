@@ -21,7 +21,7 @@ at the end of the keys (one loop that jumps from the left edge to the right) pay
 grows with the window, not the sequence.
 
 SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
-(-slope * |i + seqlen_k - seqlen_q - j|) to every tile; SCORE_MOD 2 also takes an additive bias
+(-slope * |i + seqlen_k - seqlen_q + alibi_offset - j|) to every tile; SCORE_MOD 2 also takes an additive bias
 and dropout, whose code SCORE_MOD 1 leaves out (it costs registers even when unused). All are
 runtime values inside, so one variant serves any mix.
 """
@@ -43,7 +43,7 @@ def _attend_key_tiles(
     k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs,
     start_m, offs_m, offs_n, offs_d,
     lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-    qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments,
+    qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
     seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
     SCORE_MOD: tl.constexpr,
@@ -77,7 +77,8 @@ def _attend_key_tiles(
 
         qk = tl.dot(q, k) * qk_scale
         if SCORE_MOD:
-            qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
+            qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :],
+                                    diagonal, softcap_log2, alibi_log2, alibi_offset)
         if MASKED:
             if SCORE_MOD == 2:
                 if use_bias != 0:
@@ -112,7 +113,7 @@ def attn_fwd(
     stride_lseb, stride_lseh,
     CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
-    Alibi, stride_alibib, stride_alibih, use_alibi,
+    Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
@@ -129,7 +130,10 @@ def attn_fwd(
     sequence_span (CuSeqlensQ/K, SequsedK). window_left/right: -1 unbounded, causal is window_right = 0.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap with a softcap, whose
     softcap_log2 = softcap * log2(e) (0 without). ALiBi slopes (float32, natural-log units)
-    are read at Alibi + batch * stride_alibib + head * stride_alibih when use_alibi != 0.
+    are read at Alibi + batch * stride_alibib + head * stride_alibih when use_alibi != 0;
+    alibi_offset shifts the query positions in ALiBi's distance alone (the masks keep
+    diagonal = seqlen_k - seqlen_q), so that a piece of a longer sequence (a ring attention
+    step) sees the distances of its global positions.
     With use_segments != 0 (dense layout only), query i of sequence b sees key j only if
     QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
@@ -191,13 +195,13 @@ def attn_fwd(
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
         offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
-        softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
-        seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
+        softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
+        stride_biasq, use_bias, seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
         acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
         offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
-        softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base, stride_biasq, use_bias,
-        seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+        softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
+        stride_biasq, use_bias, seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
     if SCORE_MOD == 2:
         acc *= dropout_scale  # 1 without dropout
 
@@ -222,7 +226,7 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     i32("use_seqused_k"),
     i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
     i32("window_left"), i32("window_right"),
-    slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
+    slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"), i32("alibi_offset"),
     index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
     i32("use_segments"),
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),

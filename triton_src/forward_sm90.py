@@ -158,8 +158,8 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
 
 @gluon.jit
 def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD: gl.constexpr,
-            SEGMENTS: gl.constexpr):
+            qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+            SCORE_MOD: gl.constexpr, SEGMENTS: gl.constexpr):
     """The tile's scores, -inf where masked (tiles past the unmasked ones): forward.py's
     _attend_key_tiles between the two dots. With SCORE_MOD 0 and qk_scale > 0 they stay unscaled
     (_softmax folds qk_scale into its exp2's argument, one FFMA per score); else they are in the
@@ -167,7 +167,8 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
     loop's two copies at 160 registers, _key_loop) never and always."""
     cols = start_n + offs_n
     if SCORE_MOD:
-        s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, softcap_log2, alibi_log2)
+        s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :],
+                               diagonal, softcap_log2, alibi_log2, alibi_offset)
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
         s = s * qk_scale
     if i >= n_full:
@@ -202,8 +203,8 @@ def _softmax(s, m_i, l_i, scale):
 @gluon.jit
 def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
               turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
-              window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
-              WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+              window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+              softmax_scale, WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr):
     """_attend_tile's products and softmax over its n_tiles (> 0) key tiles: (acc, m_i, l_i, it,
     turn_phase). Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for S(j),
@@ -221,7 +222,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     mbarrier.arrive(k_empty.index(it % STAGES), count=1)
     start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
     scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-                     qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD,
+                     qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, SCORE_MOD,
                      SEGMENTS)
     p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -245,8 +246,8 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
         mbarrier.arrive(k_empty.index(stage), count=1)
         start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
         scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-                         qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, SCORE_MOD,
-                         SEGMENTS)
+                         qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                         SCORE_MOD, SEGMENTS)
         p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
         # P(j-1)'s registers are the running product's operand until it finishes.
         acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -268,7 +269,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
 @gluon.jit
 def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                  lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
-                 seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                 seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                  WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
     """One consumer warpgroup on one query tile: rows [start_m + WG * WG_M, + WG_M),
@@ -316,20 +317,20 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
             acc, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
-                window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
-                WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 1)
+                window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                softmax_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 1)
         elif use_segments != 0:
             acc, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
-                window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
-                WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 2)
+                window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                softmax_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 2)
         else:
             acc, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
-                window_right, qk_scale, softcap_log2, alibi_log2, q_seg, kv_seg_base, use_segments, softmax_scale,
-                WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 0)
+                window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                softmax_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 0)
     elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(WG), count=1)
 
@@ -365,7 +366,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2,
+            qk_scale, softcap_log2, alibi_log2, alibi_offset,
             WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
             BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
     """One consumer warpgroup through the program's query tiles (_program_tile's order)."""
@@ -378,7 +379,7 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
         it, turn_phase = _attend_tile(
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
-            seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+            seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
             WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)
     tma.store_wait(0)
 
@@ -393,7 +394,7 @@ def attn_fwd_sm90(
     stride_lseb, stride_lseh,
     CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
-    Alibi, stride_alibib, stride_alibih, use_alibi,
+    Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
@@ -475,12 +476,12 @@ def attn_fwd_sm90(
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
@@ -491,17 +492,17 @@ def attn_fwd_sm90(
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                       window_right, qk_scale, softcap_log2, alibi_log2,
+                       window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        2, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,

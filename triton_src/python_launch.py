@@ -36,6 +36,7 @@ class Tiles:
 @dataclass(frozen=True)
 class Variant:
     """The attention variant, with flash-attn's meanings. alibi: float32 (heads) or (batch, heads);
+    alibi_offset: added to the query positions in ALiBi's distance (the attention kernels' argument);
     segments: (q_segment_ids, kv_segment_ids), int32 [batch, seqlen] (dense layout only);
     sinks: float32 [heads] (forward kernels only: the backward reads them through the lse);
     bias: [batch | 1, heads | 1, seqlen_q | 1, seqlen_k] in q's dtype, keys contiguous (dense layout
@@ -44,6 +45,7 @@ class Variant:
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     alibi: torch.Tensor | None = None
+    alibi_offset: int = 0
     segments: tuple[torch.Tensor, torch.Tensor] | None = None
     sinks: torch.Tensor | None = None
     bias: torch.Tensor | None = None
@@ -67,7 +69,7 @@ class Variant:
             use_segments=int(self.segments is not None),
             window_left=left, window_right=0 if self.causal else right,
             Alibi=slopes, stride_alibib=alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0,
-            stride_alibih=slopes.stride(-1), use_alibi=int(alibi is not None),
+            stride_alibih=slopes.stride(-1), use_alibi=int(alibi is not None), alibi_offset=self.alibi_offset,
             qk_scale=scale / self.softcap if self.softcap > 0 else scale * LOG2E,
             softcap_log2=self.softcap * LOG2E if self.softcap > 0 else 0.0,
             **self._bias_args(device), **self._dropout_args(device)), scale

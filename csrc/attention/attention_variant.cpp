@@ -111,6 +111,21 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
   return variant;
 }
 
+void add_alibi_offset(const char* op, AttentionVariant& variant, const AttentionShape& s, int64_t alibi_offset) {
+  if (alibi_offset == 0) return;
+  if (!variant.alibi_slopes.has_value()) {
+    fail(op, "alibi_offset is ", alibi_offset, " but alibi_slopes is None; the offset only shifts ALiBi's distances");
+  }
+  // The kernels add it to 32-bit positions: the largest distance, |offset| + seqlen_q + seqlen_k,
+  // must stay below 2^31.
+  const int64_t limit = (int64_t{1} << 31) - 1 - s.seqlen_q - s.seqlen_k;
+  if (alibi_offset > limit || alibi_offset < -limit) {
+    fail(op, "alibi_offset is ", alibi_offset, "; expected |alibi_offset| <= ", limit,
+         " (2^31 - 1 - seqlen_q - seqlen_k, so that every distance fits in 32 bits)");
+  }
+  variant.alibi_offset = alibi_offset;
+}
+
 void add_bias_and_dropout(const char* op, AttentionVariant& variant, const AttentionShape& s, const Tensor& q,
                           const std::optional<Tensor>& bias, double dropout_p,
                           const std::optional<Tensor>& dropout_seed) {
@@ -134,9 +149,9 @@ KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double
           variant.alibi_slopes.has_value() ? 1 : 0};
 }
 
-double ScoreMod::score(double scaled_dot, int64_t i, int64_t j, int64_t diagonal) const {
+double ScoreMod::score(double scaled_dot, int64_t i, int64_t j, int64_t alibi_diagonal) const {
   double score = softcap > 0 ? softcap * std::tanh(scaled_dot / softcap) : scaled_dot;
-  return score - slope * static_cast<double>(std::llabs(i + diagonal - j));
+  return score - slope * static_cast<double>(std::llabs(i + alibi_diagonal - j));
 }
 
 double ScoreMod::derivative(double scaled_dot) const {

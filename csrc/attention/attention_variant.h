@@ -24,6 +24,10 @@ struct AttentionVariant {
   int64_t window_left = -1, window_right = -1;
   double softcap = 0;                   // > 0: score -> softcap * tanh(score / softcap)
   std::optional<Tensor> alibi_slopes;   // float32 [heads] or [batch, heads]
+  // Added to the query position in ALiBi's distance alone: -slope * |i + diagonal + alibi_offset
+  // - j|. A caller that runs one sequence in pieces (ring attention) gives each piece its global
+  // distances; the masks keep the piece's own diagonal.
+  int64_t alibi_offset = 0;
   // int32 [batch, seqlen_q] and [batch, seqlen_k], rows contiguous: query i sees key j only
   // if their ids are equal (dense layout only).
   std::optional<Tensor> q_segment_ids, kv_segment_ids;
@@ -54,6 +58,10 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
                                          const std::optional<Tensor>& alibi_slopes,
                                          const std::optional<Tensor>& q_segment_ids = std::nullopt,
                                          const std::optional<Tensor>& kv_segment_ids = std::nullopt);
+
+// Adds ALiBi's position offset to a checked variant: 0, or any value with alibi_slopes that
+// keeps every distance |i + diagonal + offset - j| within the kernels' 32 bits.
+void add_alibi_offset(const char* op, AttentionVariant& variant, const AttentionShape& s, int64_t alibi_offset);
 
 // Adds the bias (dense layout only) and dropout to a checked variant, after checking them.
 void add_bias_and_dropout(const char* op, AttentionVariant& variant, const AttentionShape& s, const Tensor& q,
@@ -114,10 +122,10 @@ KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double
 
 // The float64 definition the CPU references use, for one (batch, head): the score of
 // key j for query i from its scaled dot product, and d score / d scaled_dot (the
-// softcap's 1 - tanh^2, else 1).
+// softcap's 1 - tanh^2, else 1). alibi_diagonal: the masks' diagonal plus alibi_offset.
 struct ScoreMod {
   double softcap = 0, slope = 0;
-  double score(double scaled_dot, int64_t i, int64_t j, int64_t diagonal) const;
+  double score(double scaled_dot, int64_t i, int64_t j, int64_t alibi_diagonal) const;
   double derivative(double scaled_dot) const;
 };
 // The segment ids for the CPU references: same(b, i, j) is true when there are none.

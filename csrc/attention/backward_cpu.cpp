@@ -68,7 +68,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> gradients(const AttentionShape& s, co
             score += Q[row * D + d] * K[kv_row * D + d];
             dp += DO[row * D + d] * V[kv_row * D + d];
           }
-          const double p = std::exp(mod.score(score * scale, i, j, diagonal) + bias.at(b, h, i, j) - lse_i);
+          const double p =
+              std::exp(mod.score(score * scale, i, j, diagonal + variant.alibi_offset) + bias.at(b, h, i, j) - lse_i);
           // Dropout: the kept probability reached out scaled, the dropped one not at all.
           const double kept = dropout.keep(b, h, i, j) ? dropout.scale : 0.0;
           const double ds_score = p * (dp * kept - delta);  // d loss / d score
@@ -98,6 +99,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
+  add_alibi_offset(op, variant, s, alibi_offset);
   add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
   check_bias_grad(op, bias, bias_grad);
   return gradients(s, variant, dense_spans(s), softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad);

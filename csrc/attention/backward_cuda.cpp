@@ -111,8 +111,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
       .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
-      .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
+      .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
+      .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
+      .use_segments = segments.use_segments,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
       .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
@@ -137,8 +138,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
       .window_left = variant.window_left, .window_right = variant.window_right,
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .QSegmentIds = segments.q, .KvSegmentIds = segments.kv,
-      .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv, .use_segments = segments.use_segments,
+      .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
+      .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
+      .use_segments = segments.use_segments,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
       .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
@@ -155,6 +157,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
+  add_alibi_offset(op, variant, s, alibi_offset);
   add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
   check_bias_grad(op, bias, bias_grad);
   return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad, deterministic);

@@ -51,7 +51,7 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
           const double* kj = K + ((spans.k_start[b] + j) * HK + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += Q[row * D + d] * kj[d];
-          scores[j] = mod.score(dot * scale, i, j, diagonal) + bias.at(b, h, i, j);
+          scores[j] = mod.score(dot * scale, i, j, diagonal + variant.alibi_offset) + bias.at(b, h, i, j);
           row_max = std::max(row_max, scores[j]);
         }
         double* lse = L + spans.lse_index(b, h, i);
@@ -97,6 +97,7 @@ std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
+  add_alibi_offset(op, variant, s, alibi_offset);
   check_sinks(op, sinks, q, s.heads);
   add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
   return forward_reference(s, variant, dense_spans(s), softmax_scale, sinks, q, k, v,

@@ -63,8 +63,8 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
   //                 bool causal=False, bool deterministic=False, int window_left=-1,
   //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None,
   //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None,
-  //                 Tensor? bias=None, float dropout_p=0.0, Tensor? dropout_seed=None)
-  //                 -> (Tensor out, Tensor lse)
+  //                 Tensor? bias=None, float dropout_p=0.0, Tensor? dropout_seed=None,
+  //                 int alibi_offset=0) -> (Tensor out, Tensor lse)
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fattn::forward", "")
@@ -76,11 +76,12 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&, double,
-                                                    const std::optional<at::Tensor>&)>();
-  // `deterministic` only matters to the backward, which C++ callers do not run.
+                                                    const std::optional<at::Tensor>&, int64_t)>();
+  // `deterministic` only matters to the backward, which C++ callers do not run; alibi_offset
+  // serves callers that split one sequence into pieces (ring attention).
   return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false, window_left, window_right,
                  softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, /*dropout_p=*/0.0,
-                 /*dropout_seed=*/std::nullopt);
+                 /*dropout_seed=*/std::nullopt, /*alibi_offset=*/0);
 }
 
 // Attention over a KV cache (flash-attn's flash_attn_with_kvcache, in its argument order):

@@ -148,6 +148,20 @@ def check_alibi_slopes(op: str, alibi_slopes, q, batch, heads) -> None:
     check_same_device(op, "alibi_slopes", alibi_slopes, "q", q)
 
 
+def check_alibi_offset(op: str, alibi_offset, alibi_slopes, seqlen_q, seqlen_k) -> None:
+    """0, or, with alibi_slopes, an offset that keeps every ALiBi distance within 32 bits
+    (csrc/attention/attention_variant.cpp's add_alibi_offset)."""
+    if alibi_offset == 0:
+        return
+    if alibi_slopes is None:
+        fail(op, "alibi_offset is ", alibi_offset, " but alibi_slopes is None; the offset only shifts ALiBi's "
+             "distances")
+    limit = 2**31 - 1 - seqlen_q - seqlen_k
+    if alibi_offset > limit or alibi_offset < -limit:
+        fail(op, "alibi_offset is ", alibi_offset, "; expected |alibi_offset| <= ", limit,
+             " (2^31 - 1 - seqlen_q - seqlen_k, so that every distance fits in 32 bits)")
+
+
 def check_sinks(op: str, sinks, q, heads) -> None:
     """float32 [heads] on q's device: one logit per query head."""
     if sinks is None:

@@ -10,9 +10,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._checks import (
-    check_alibi_slopes, check_attention_dtype, check_bias, check_dropout, check_finite, check_head_dim,
-    check_head_groups, check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_segment_ids,
-    check_sinks, check_softcap, check_window, dtype_name, fail, lse_dtype, shape_of, window_pair,
+    check_alibi_offset, check_alibi_slopes, check_attention_dtype, check_bias, check_dropout, check_finite,
+    check_head_dim, check_head_groups, check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype,
+    check_segment_ids, check_sinks, check_softcap, check_window, dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from . import _bias, _dropout, _head_dim
 from ._library import load_library
@@ -166,8 +166,8 @@ def _attention(*args):
 
 # fattn::forward's defaults after q, k, v: softmax_scale, causal, deterministic, window_left,
 # window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p,
-# dropout_seed (csrc/register.cpp); tests/test_op_samples.py checks them.
-_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None, None, 0.0, None]
+# dropout_seed, alibi_offset (csrc/register.cpp); tests/test_op_samples.py checks them.
+_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None, None, 0.0, None, 0]
 
 
 def sinks_gradient(sinks, dout, out, lse, dlse, rows=None):
@@ -191,7 +191,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]  # what the call left to the schema's defaults
     (softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg, sinks,
-     bias, dropout_p, dropout_seed) = options
+     bias, dropout_p, dropout_seed, alibi_offset) = options
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks, bias, dropout_seed)
     # Not needs_input_grad: a call that left sinks or bias to their defaults has fewer inputs.
@@ -199,6 +199,7 @@ def _setup_context(ctx, inputs, output):
     ctx.bias_need_grad = bias is not None and bias.requires_grad
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     ctx.dropout_p = dropout_p
+    ctx.alibi_offset = alibi_offset
     # An output nobody used gets None, not a zero tensor: no allocation, no fill, and the
     # backward skips the dlse term.
     ctx.set_materialize_grads(False)
@@ -211,10 +212,12 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     # The backward needs no sinks: P = exp(s - lse) with the sink already inside lse.
     dq, dk, dv, dbias = _backward_op(dout, q, k, v, out, lse, dlse, *ctx.options, alibi_slopes, q_seg, kv_seg, bias,
-                                     ctx.bias_need_grad, ctx.dropout_p, dropout_seed)
+                                     ctx.bias_need_grad, ctx.dropout_p, dropout_seed, ctx.alibi_offset)
     dsinks = sinks_gradient(sinks, dout, out, lse, dlse) if ctx.sinks_need_grad else None
     dbias = _bias.reduce_gradient(dbias, bias) if ctx.bias_need_grad else None
-    return (dq, dk, dv) + (None,) * 9 + (dsinks, dbias, None, None)
+    # One gradient per input; a call that left the trailing options to their defaults has fewer
+    # inputs, and autograd drops the trailing Nones.
+    return (dq, dk, dv) + (None,) * 9 + (dsinks, dbias, None, None, None)
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
@@ -329,10 +332,11 @@ def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_r
 @torch.library.register_fake("fattn::forward")
 def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
                   softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None, bias=None,
-                  dropout_p=0.0, dropout_seed=None):
+                  dropout_p=0.0, dropout_seed=None, alibi_offset=0):
     op = "fattn.forward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
+    check_alibi_offset(op, alibi_offset, alibi_slopes, s.seqlen_q, s.seqlen_k)
     check_sinks(op, sinks, q, s.heads)
     check_bias(op, bias, q, s.batch, s.heads, s.seqlen_q, s.seqlen_k)
     check_dropout(op, dropout_p, dropout_seed, q)
@@ -345,11 +349,12 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False
 @torch.library.register_fake("fattn::backward")
 def _backward_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1,
                    window_right=-1, softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None,
-                   bias=None, bias_grad=False, dropout_p=0.0, dropout_seed=None):
+                   bias=None, bias_grad=False, dropout_p=0.0, dropout_seed=None, alibi_offset=0):
     op = "fattn.backward"
     s = check_attention_inputs(op, q, k, v, softmax_scale)
     check_backward_inputs(op, s, q, dout, out, lse, dlse)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
+    check_alibi_offset(op, alibi_offset, alibi_slopes, s.seqlen_q, s.seqlen_k)
     check_bias(op, bias, q, s.batch, s.heads, s.seqlen_q, s.seqlen_k)
     check_dropout(op, dropout_p, dropout_seed, q)
     if bias_grad and bias is None:

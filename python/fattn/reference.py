@@ -15,16 +15,17 @@ from ._checks import lse_dtype
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
                         softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None,
-                        bias=None, dropout_p=0.0, dropout_seed=None):
+                        bias=None, dropout_p=0.0, dropout_seed=None, alibi_offset=0):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
 
     Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
     d = seqlen_k - seqlen_q, right forced to 0 by `causal`. Scores: scale * q.k, then
-    softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d - j| with alibi_slopes
-    ([heads] or [batch, heads]). With segment ids ([batch, seqlen_q], [batch, seqlen_k]) query i
-    sees key j only if their ids are equal. sinks ([heads]) add one logit per head to every
-    row's denominator (a key with no value); differentiable through autograd. bias (broadcastable
-    to [batch, heads, seqlen_q, seqlen_k]; a boolean one is True = attend) is added after ALiBi.
+    softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d + alibi_offset - j| with
+    alibi_slopes ([heads] or [batch, heads]; alibi_offset shifts ALiBi's distances alone). With
+    segment ids ([batch, seqlen_q], [batch, seqlen_k]) query i sees key j only if their ids are
+    equal. sinks ([heads]) add one logit per head to every row's denominator (a key with no
+    value); differentiable through autograd. bias (broadcastable to [batch, heads, seqlen_q,
+    seqlen_k]; a boolean one is True = attend) is added after ALiBi.
     dropout_p > 0 drops probabilities with dropout_keep_mask(dropout_seed, ...) and rescales the
     kept ones by 1 / keep probability (lse is unaffected).
     """
@@ -44,7 +45,7 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     diag = seqlen_k - seqlen_q
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(dtype).expand(batch, heads)[:, :, None, None]
-        scores = scores - slopes * (row + diag - col).abs().to(dtype)
+        scores = scores - slopes * (row + diag + alibi_offset - col).abs().to(dtype)
     left, right = window_size
     if causal:
         right = 0

@@ -40,7 +40,8 @@ class Sample:
 
 
 # name, (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim), layout, softmax_scale, causal[,
-# variant: window (left, right), softcap, alibi "heads" ([heads] slopes) or "batch" ([batch, heads])]
+# variant: window (left, right), softcap, alibi "heads" ([heads] slopes) or "batch" ([batch, heads]),
+# alibi_offset (ALiBi's distances shifted, as a ring attention piece has them), ...]
 FORWARD_CASES = [
     ("gqa2", (2, 5, 7, 4, 2, 8), "contiguous", None, False),
     ("gqa2-causal", (2, 5, 7, 4, 2, 8), "contiguous", None, True),
@@ -63,6 +64,10 @@ FORWARD_CASES = [
     ("alibi-heads-sq4-sk9", (2, 4, 9, 4, 2, 8), "contiguous", None, False, dict(alibi="heads")),
     ("strided-alibi-batch-softcap-window-causal", (2, 9, 6, 2, 2, 16), "strided", 0.5, True,
      dict(window=(1, -1), softcap=2.0, alibi="batch")),
+    ("alibi-offset-negative-window-causal", (2, 7, 9, 4, 2, 8), "contiguous", None, True,
+     dict(window=(3, -1), alibi="batch", alibi_offset=-5)),
+    ("alibi-offset-positive-softcap-sinks", (1, 6, 10, 2, 1, 16), "contiguous", None, False,
+     dict(softcap=1.5, alibi="heads", sinks=True, alibi_offset=40)),
     ("segments-causal", (2, 11, 11, 4, 2, 8), "contiguous", None, True, dict(segments=True)),
     ("segments-sq7-sk10-window-softcap", (2, 7, 10, 2, 2, 16), "contiguous", None, False,
      dict(segments=True, window=(3, 2), softcap=1.0)),
@@ -117,15 +122,15 @@ def dropout_seed_for(device):
 
 def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0, packed=False, dtype=torch.float64):
     """(window_left, window_right, softcap, alibi_slopes[, q_segment_ids, kv_segment_ids][, sinks][, bias],
-    [dropout_p, dropout_seed]): the op's variant arguments (packed: no segment ids or bias), as
-    short as the variant allows. Segment ids cut q and k at the same places (self-attention
+    [dropout_p, dropout_seed][, alibi_offset]): the op's variant arguments (packed: no segment ids,
+    bias or alibi_offset), as short as the variant allows. Segment ids cut q and k at the same places (self-attention
     packing)."""
     window = variant.get("window", (-1, -1))
     args = (window[0], window[1], variant.get("softcap", 0.0), alibi_slopes(variant.get("alibi"), batch, heads, device))
-    later = [("segments", 2), ("sinks", 1), ("bias", 1), ("dropout", 2)]
+    later = [("segments", 2), ("sinks", 1), ("bias", 1), ("dropout", 2), ("alibi_offset", 1)]
     last = max([i for i, (key, _) in enumerate(later) if variant.get(key)], default=-1)
     for i, (key, width) in enumerate(later[:last + 1]):
-        if packed and key in ("segments", "bias"):
+        if packed and key in ("segments", "bias", "alibi_offset"):
             continue
         if key == "segments" and variant.get("segments"):
             ids = segment_ids(batch, max(seqlen_q, seqlen_k), device, generator_seed=seqlen_q * 31 + seqlen_k)
@@ -136,6 +141,8 @@ def forward_variant_args(variant, batch, heads, device, seqlen_q=0, seqlen_k=0, 
             args += (bias_for(variant["bias"], batch, heads, seqlen_q, seqlen_k, dtype, device),)
         elif key == "dropout" and variant.get("dropout"):
             args += (variant["dropout"], dropout_seed_for(device))
+        elif key == "alibi_offset":
+            args += (variant["alibi_offset"],)
         else:
             args += (None,) * width if key != "dropout" else (0.0, None)
     return args
@@ -148,17 +155,20 @@ def backward_variant_args(forward_variant):
     if len(forward_variant) > 7:
         bias = forward_variant[7]
         args += (None,) * (6 - len(args)) + (bias, bias is not None, *forward_variant[8:10])
+    if len(forward_variant) > 10:  # alibi_offset, after the dropout arguments in both schemas
+        args += (forward_variant[10],)
     return args
 
 
 def reference_variant(forward_args):
     """fattn.reference.attention_reference's keywords for a forward sample's variant arguments."""
     window_left, window_right, softcap, alibi = forward_args[6:10]
-    defaults = (None, None, None, None, 0.0, None)  # segment ids, sinks, bias, dropout_p, dropout_seed
+    # segment ids, sinks, bias, dropout_p, dropout_seed, alibi_offset
+    defaults = (None, None, None, None, 0.0, None, 0)
     rest = tuple(forward_args[10:]) + defaults[len(forward_args[10:]):]
     return dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi,
                 q_segment_ids=rest[0], kv_segment_ids=rest[1], sinks=rest[2], bias=rest[3], dropout_p=rest[4],
-                dropout_seed=rest[5])
+                dropout_seed=rest[5], alibi_offset=rest[6])
 
 
 def forward_samples(device, dtype, requires_grad=False):

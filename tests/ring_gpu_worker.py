@@ -32,9 +32,12 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     failures = []
-    # (causal, window_size, softcap, sinks): chunks are 256 rows, so these windows cross shards.
-    for causal, window, softcap, with_sinks in ((False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False),
-                                                (True, (300, -1), 0.0, True), (False, (100, 400), 30.0, False)):
+    # (causal, window_size, softcap, sinks, alibi): chunks are 256 rows, so these windows cross shards;
+    # ALiBi's distances are global ones (each piece has its alibi_offset).
+    for causal, window, softcap, with_sinks, with_alibi in (
+            (False, (-1, -1), 0.0, False, False), (True, (-1, -1), 0.0, False, False),
+            (True, (300, -1), 0.0, True, False), (False, (100, 400), 30.0, False, False),
+            (True, (-1, -1), 0.0, False, True), (False, (100, 400), 30.0, True, True)):
         for sharding in ("zigzag", "contiguous"):
             g = torch.Generator(device="cuda").manual_seed(1234)
             b, n, h, hk, d = 2, 512 * world, 8, 2, 128
@@ -44,7 +47,8 @@ def main():
             w_out = torch.randn(b, n, h, d, device="cuda", dtype=torch.float64, generator=g)
             w_lse = torch.randn(b, h, n, device="cuda", dtype=torch.float64, generator=g)
             sinks = torch.randn(h, device="cuda", generator=g) if with_sinks else None
-            variant = dict(window_size=window, softcap=softcap, sinks=sinks)
+            slopes = torch.rand(h, device="cuda", generator=g) * 0.05 if with_alibi else None
+            variant = dict(window_size=window, softcap=softcap, sinks=sinks, alibi_slopes=slopes)
             ref = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, **variant), q.double(), k.double(),
                         v.double(), w_out, w_lse)
             low = grads(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.bfloat16, **variant),
@@ -66,7 +70,7 @@ def main():
             # The hops the window needs each way (fattn.ring.ring_schedule) and the traffic they are
             # designed to post.
             expected = designed_p2p_ops(*ring.ring_schedule(world, n // world, causal, sharding, window))
-            what = f"{sharding} causal={causal} window={window} softcap={softcap} sinks={with_sinks}"
+            what = f"{sharding} causal={causal} window={window} softcap={softcap} sinks={with_sinks} alibi={with_alibi}"
             if posted != expected:
                 failures.append(f"{what}: {posted} P2P ops, designed {expected}")
             names = ("out", "lse", "dq", "dk", "dv")

@@ -33,10 +33,13 @@ def _full_problem(seed=0, seqlen=SEQLEN):
     return q, k, v, w_out, w_lse
 
 
-# (causal, window_size, softcap, sinks): windows shorter and longer than a chunk (24 / (2 * world)
-# rows), one-sided and two-sided, so that pieces are cut on both sides of the diagonal.
-RING_VARIANTS = [(False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False), (True, (4, -1), 0.0, True),
-                 (False, (2, 7), 1.5, False), (False, (-1, 3), 0.0, True), (False, (0, 0), 0.0, False)]
+# (causal, window_size, softcap, sinks, alibi): windows shorter and longer than a chunk (24 / (2 *
+# world) rows), one-sided and two-sided, so that pieces are cut on both sides of the diagonal;
+# ALiBi over global distances, alone and with a cut window and the softcap.
+RING_VARIANTS = [(False, (-1, -1), 0.0, False, False), (True, (-1, -1), 0.0, False, False),
+                 (True, (4, -1), 0.0, True, False), (False, (2, 7), 1.5, False, False),
+                 (False, (-1, 3), 0.0, True, False), (False, (0, 0), 0.0, False, False),
+                 (True, (-1, -1), 0.0, False, True), (False, (5, 2), 1.5, True, True)]
 
 
 class _Counts:
@@ -52,9 +55,9 @@ class _Counts:
             self.rings.append(inner)
 
         def counting(name, op):
-            def call(*args):
+            def call(*args, **kwargs):
                 self.launches[name] += 1
-                return op(*args)
+                return op(*args, **kwargs)
             return call
 
         ring_module._Ring.__init__ = counting_init
@@ -72,13 +75,15 @@ class _Counts:
 def _check_rank(rank, world):
     q, k, v, w_out, w_lse = _full_problem(seqlen=_seqlen(world))
     sink_values = torch.linspace(-1.0, 1.5, HEADS)
-    for causal, window, softcap, with_sinks in RING_VARIANTS:
+    slope_values = torch.linspace(0.05, 0.4, BATCH * HEADS).reshape(BATCH, HEADS)
+    for causal, window, softcap, with_sinks, with_alibi in RING_VARIANTS:
         for sharding in ("zigzag", "contiguous"):
             # Single-process truth, with gradients of out and lse.
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             ref_sinks = sink_values.clone().requires_grad_() if with_sinks else None
+            slopes = slope_values if with_alibi else None
             ref_out, ref_lse = attention_reference(*leaves, None, causal, window_size=window, softcap=softcap,
-                                                   sinks=ref_sinks)
+                                                   sinks=ref_sinks, alibi_slopes=slopes)
             ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
             ref_grads = [t.grad for t in leaves]
 
@@ -86,16 +91,18 @@ def _check_rank(rank, world):
             sinks = sink_values.clone().requires_grad_() if with_sinks else None
             with _Counts() as counts:
                 out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding,
-                                                      window_size=window, softcap=softcap, sinks=sinks)
+                                                      window_size=window, softcap=softcap, sinks=sinks,
+                                                      alibi_slopes=slopes)
                 loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
                 loss.backward()
-            what = f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} sinks={with_sinks} {sharding}"
+            what = (f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} sinks={with_sinks} "
+                    f"alibi={with_alibi} {sharding}")
             # The steps the schedule runs, the P2P ops they post and the kernels they launch: none
             # for a step whose block no query of this rank sees, and no step after the last one
             # any rank needs.
             local_len = _seqlen(world) // world
             behind, ahead = ring_schedule(world, local_len, causal, sharding, window)
-            pieces = sum(len(_plan(rank, source, world, local_len, causal, sharding, window))
+            pieces = sum(len(_plan(rank, source, world, local_len, causal, sharding, window, with_alibi))
                          for step in range(max(behind, ahead) + 1)
                          for source, _, _ in _blocks_at(step, rank, world, behind, ahead, None, None, None))
             assert counts.p2p_ops == designed_p2p_ops(behind, ahead), f"{what}: {counts.p2p_ops} P2P ops"
@@ -128,6 +135,8 @@ def _check_bad_input(rank, world):
         fattn.ring_flash_attn_func(*local, window_size=(-2, 0))
     with pytest.raises(RuntimeError, match=r"softcap"):
         fattn.ring_flash_attn_func(*local, softcap=-1.0)
+    with pytest.raises(RuntimeError, match=r"alibi_slopes has shape \[3\]; expected \[heads\] = \[4\]"):
+        fattn.ring_flash_attn_func(*local, alibi_slopes=torch.ones(3))
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):
@@ -183,6 +192,21 @@ def test_simulate_matches_full_attention(world, window, causal, sharding):
     q, k, v, _, _ = _full_problem(seed=world)
     out, lse = simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True, window_size=window)
     want_out, want_lse = attention_reference(q, k, v, None, causal, window_size=window)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (2, 9)), (True, (7, -1))])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_simulate_with_alibi_matches_full_attention(world, causal, window, sharding):
+    # ALiBi's distances are global: every piece carries its own alibi_offset, and a zigzag shard's
+    # two chunks are computed apart.
+    q, k, v, _, _ = _full_problem(seed=world)
+    slopes = torch.rand(HEADS, dtype=torch.float32) * 0.5 + 0.05
+    out, lse = simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True, window_size=window,
+                        alibi_slopes=slopes)
+    want_out, want_lse = attention_reference(q, k, v, None, causal, window_size=window, alibi_slopes=slopes)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)
 

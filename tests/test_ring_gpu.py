@@ -32,8 +32,9 @@ def test_ring_on_gpus_matches_float64_reference(world):
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
 @pytest.mark.parametrize("variant", [dict(causal=True), dict(causal=True, window_size=(300, -1)),
-                                     dict(window_size=(100, 400), softcap=30.0), dict(causal=True, sinks=True)],
-                         ids=["causal", "window", "two-sided-softcap", "sinks"])
+                                     dict(window_size=(100, 400), softcap=30.0), dict(causal=True, sinks=True),
+                                     dict(causal=True, alibi=True), dict(window_size=(100, 400), alibi=True)],
+                         ids=["causal", "window", "two-sided-softcap", "sinks", "alibi", "two-sided-alibi"])
 def test_simulated_ring_on_one_gpu_meets_the_2x_rule(world, sharding, variant):
     # fattn.ring.simulate: every virtual rank's steps, in ring order, on one GPU (bf16), against
     # the float64 reference with the 2x rule. Chunks of 128 rows: every window crosses chunks.
@@ -48,6 +49,8 @@ def test_simulated_ring_on_one_gpu_meets_the_2x_rule(world, sharding, variant):
     v = torch.randn_like(k)
     if variant.pop("sinks", False):
         variant["sinks"] = torch.randn(h, device="cuda", generator=g)
+    if variant.pop("alibi", False):
+        variant["alibi_slopes"] = torch.rand(2, h, device="cuda", generator=g) * 0.05
     causal = variant.pop("causal", False)
     out, lse = ring.simulate(q, k, v, world, causal=causal, sharding=sharding, return_lse=True, **variant)
     ref, ref_lse = attention_reference(q.double(), k.double(), v.double(), None, causal, **variant)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._checks import check_sinks, check_softcap, check_window, lse_dtype, window_pair
+from ._checks import check_alibi_slopes, check_sinks, check_softcap, check_window, lse_dtype, window_pair
 from ._library import load_library
 from .attention import sinks_gradient
 from .merge import merge_attention_states
@@ -84,22 +84,31 @@ def _check_sharding(sharding: str) -> None:
 class _Piece:
     """One kernel call of a step: local q rows against rows of the K/V block at hand, with the
     window (flash-attn's (left, right), -1 unbounded, bottom-right aligned) that makes the
-    call's local positions show exactly the keys the global positions see."""
+    call's local positions show exactly the keys the global positions see, and the offset that
+    gives ALiBi the global distances (the op's alibi_offset: the call's q rows and keys are each
+    consecutive in the sequence wherever it is not 0)."""
     q_rows: slice
     kv_rows: slice
     window_left: int = -1
     window_right: int = -1
+    alibi_offset: int = 0
 
 
 def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, sharding: str,
-          window: tuple[int, int] = (-1, -1)) -> list[_Piece]:
-    """The pieces `rank` computes against the K/V block that `source` started with."""
+          window: tuple[int, int] = (-1, -1), alibi: bool = False) -> list[_Piece]:
+    """The pieces `rank` computes against the K/V block that `source` started with. ALiBi's
+    distances need each piece's rows and keys to be consecutive positions (one alibi_offset per
+    piece): a contiguous shard is, so its whole-block pieces carry the distance between the
+    shards; a zigzag shard's two chunks are not neighbours, so with `alibi` its pieces are the
+    (q chunk, K/V chunk) pairs (_chunk_plan). The same blocks have pieces either way (ALiBi
+    hides no key), so the schedule asks without it."""
     window = (window[0], 0) if causal else window
-    if window not in ((-1, -1), (-1, 0)):
-        return _window_plan(rank, source, world, local_len, sharding, window)
+    if window not in ((-1, -1), (-1, 0)) or (alibi and sharding == "zigzag"):
+        return _chunk_plan(rank, source, world, local_len, sharding, window)
     everything = slice(0, local_len)
+    shift = (rank - source) * local_len if alibi else 0  # contiguous: shard r starts at r * local_len
     if window == (-1, -1):
-        return [_Piece(everything, everything)]
+        return [_Piece(everything, everything, alibi_offset=shift)]
     if source == rank:
         # Own block: the local positions are in sequence order in both layouts, so
         # causal attention over the local concatenation is exact.
@@ -107,7 +116,7 @@ def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, shar
     half = local_len // 2
     if sharding == "contiguous":
         # Earlier ranks' keys are all visible; later ranks' keys none.
-        return [_Piece(everything, everything)] if source < rank else []
+        return [_Piece(everything, everything, alibi_offset=shift)] if source < rank else []
     if source < rank:
         # Chunk `source` precedes both local chunks; chunk 2w-1-source follows both.
         return [_Piece(everything, slice(0, half))]
@@ -116,13 +125,15 @@ def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, shar
     return [_Piece(slice(half, local_len), everything)]
 
 
-def _window_plan(rank, source, world, local_len, sharding, window) -> list[_Piece]:
-    """A sliding window across shards, one piece per (q chunk, K/V chunk) pair that shares a
-    visible position. Both chunks are `size` rows long; with the q chunk `d` positions after
-    the K/V chunk, query i sees key j iff d - left <= j - i <= d + right. The kernel's window
-    only bounds j - i by -left <= j - i <= right with left, right >= 0 (or unbounded), so a
-    pair whose band lies wholly right (or left) of j = i is cut down to the rows and keys that
-    can meet, which moves the band back onto the diagonal."""
+def _chunk_plan(rank, source, world, local_len, sharding, window) -> list[_Piece]:
+    """One piece per (q chunk, K/V chunk) pair that shares a visible position: the plan of sliding
+    windows across shards, and of ALiBi. Both chunks are `size` rows long; with the q chunk `d`
+    positions after the K/V chunk, query i sees key j iff d - left <= j - i <= d + right. The
+    kernel's window only bounds j - i by -left <= j - i <= right with left, right >= 0 (or
+    unbounded), so a pair whose band lies wholly right (or left) of j = i is cut down to the rows
+    and keys that can meet, which moves the band back onto the diagonal. ALiBi's distance is
+    global query position minus global key position; the kernel computes i + len_k - len_q +
+    alibi_offset - j over the piece's own positions, which fixes the offset."""
     size = local_len // 2
     left, right = window
     pieces = []
@@ -143,8 +154,10 @@ def _window_plan(rank, source, world, local_len, sharding, window) -> list[_Piec
                 rows, keys = (-hi, size), (0, size + hi)
                 lo, hi = None if lo is None else lo + rows[0], 0
             q_off, kv_off = q_half * size, kv_half * size
+            distance = (q_chunk * size + rows[0]) - (kv_chunk * size + keys[0])  # of the first row and key
+            alibi_offset = distance - ((keys[1] - keys[0]) - (rows[1] - rows[0]))
             pieces.append(_Piece(slice(q_off + rows[0], q_off + rows[1]), slice(kv_off + keys[0], kv_off + keys[1]),
-                                 -1 if lo is None else -lo, -1 if hi is None else hi))
+                                 -1 if lo is None else -lo, -1 if hi is None else hi, alibi_offset))
     return pieces
 
 
@@ -251,11 +264,16 @@ def _new_accumulator(q, sinks=None):
     return out, lse
 
 
-def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap):
+def _alibi_args(alibi_slopes, piece: _Piece) -> dict:
+    """The op's ALiBi arguments for one piece: none without slopes."""
+    return {} if alibi_slopes is None else dict(alibi_slopes=alibi_slopes, alibi_offset=piece.alibi_offset)
+
+
+def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap, alibi_slopes):
     for piece in pieces:
         part_out, part_lse = _forward_op(
             q[:, piece.q_rows], k[:, piece.kv_rows], v[:, piece.kv_rows], softmax_scale, False, False,
-            piece.window_left, piece.window_right, softcap)
+            piece.window_left, piece.window_right, softcap, **_alibi_args(alibi_slopes, piece))
         _accumulate(acc[0], acc[1], piece.q_rows, part_out, part_lse)
 
 
@@ -270,7 +288,7 @@ def _blocks_at(step, rank, world, behind, ahead, own, forward, backward):
 
 
 def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
-    causal, softmax_scale, sharding, window, softcap = settings
+    causal, softmax_scale, sharding, window, softcap, alibi_slopes = settings
     acc = _new_accumulator(q, sinks)
     behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
     forward = backward = (k, v)
@@ -280,8 +298,9 @@ def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
         to_prev = ring.exchange(list(backward), -1) if step < ahead else None
         for source, _, (kk, vv) in _blocks_at(step, ring.rank, ring.world, behind, ahead, (k, v), forward,
                                               backward):
-            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
-            _forward_step(acc, q, kk, vv, pieces, softmax_scale, softcap)
+            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window,
+                           alibi_slopes is not None)
+            _forward_step(acc, q, kk, vv, pieces, softmax_scale, softcap, alibi_slopes)
         forward, backward = _arrived(to_next, forward), _arrived(to_prev, backward)
     out, lse = acc
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
@@ -289,7 +308,7 @@ def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
 
 def _block_gradients(dout, dlse, q, k, v, out, lse, pieces, dq, settings, deterministic, acc_dtype):
     """dK, dV of one K/V block from this rank's queries (dq accumulates in place)."""
-    _, softmax_scale, _, _, softcap = settings
+    _, softmax_scale, _, _, softcap, alibi_slopes = settings
     dk = torch.zeros_like(k, dtype=acc_dtype)
     dv = torch.zeros_like(v, dtype=acc_dtype)
     for piece in pieces:
@@ -297,7 +316,7 @@ def _block_gradients(dout, dlse, q, k, v, out, lse, pieces, dq, settings, determ
         dq_p, dk_p, dv_p, _ = _backward_op(
             dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
             None if dlse is None else dlse[:, :, r], softmax_scale, False, deterministic,
-            piece.window_left, piece.window_right, softcap)
+            piece.window_left, piece.window_right, softcap, **_alibi_args(alibi_slopes, piece))
         dq[:, r] += dq_p
         dk[:, c] += dk_p
         dv[:, c] += dv_p
@@ -305,7 +324,7 @@ def _block_gradients(dout, dlse, q, k, v, out, lse, pieces, dq, settings, determ
 
 
 def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, deterministic):
-    causal, _, sharding, window, _ = settings
+    causal, _, sharding, window, _, alibi_slopes = settings
     acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     dq = torch.zeros_like(q, dtype=acc_dtype)
     behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
@@ -319,7 +338,8 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
         to_prev = ring.exchange(list(backward), -1) if step < ahead else None
         blocks = _blocks_at(step, ring.rank, ring.world, behind, ahead, (k, v), forward, backward)
         for source, direction, (kk, vv) in blocks:
-            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window)
+            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window,
+                           alibi_slopes is not None)
             dk, dv = _block_gradients(dout, dlse, q, kk, vv, out, lse, pieces, dq, settings, deterministic, acc_dtype)
             if direction == 0:
                 own = [dk, dv]
@@ -357,12 +377,13 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, dsinks, None, None, None
 
 
-def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks):
+def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_slopes):
     _check_sharding(sharding)
     left, right = window_pair("ring_flash_attn_func", window_size)
     check_window("fattn.ring_flash_attn_func", left, right)
     check_softcap("fattn.ring_flash_attn_func", softcap)
     check_sinks("fattn.ring_flash_attn_func", sinks, q, q.shape[2])
+    check_alibi_slopes("fattn.ring_flash_attn_func", alibi_slopes, q, q.shape[0], q.shape[2])
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"fattn.ring_flash_attn_func: {name} must be [batch, seqlen/world, heads, head_dim], "
@@ -392,27 +413,32 @@ def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks):
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
-                         deterministic=False, return_lse=False, sharding="zigzag", *, softcap=0.0, sinks=None):
+                         deterministic=False, return_lse=False, sharding="zigzag", *, softcap=0.0, sinks=None,
+                         alibi_slopes=None):
     """Attention of this rank's q shard over the whole sequence held by `group`.
 
     q, k, v: this rank's shard, [batch, seqlen / world, heads, head_dim] (GQA allowed),
     laid out by `sharding` ("zigzag" or "contiguous"; see `shard`). Returns this rank's
     out shard (and its lse, float32 [batch, heads, seqlen / world], differentiable).
-    window_size and softcap mean what they mean in flash_attn_func, over the global positions
-    (the window crosses shards); so do sinks (float32 [heads], counted once per row; the gradient
-    reaching them is this rank's rows' share). A window that spans fewer ranks than the group
-    shortens the ring (`ring_schedule`): K/V blocks travel only as far as some rank's queries see
-    them, both ways when the window reaches ranks on both sides (zigzag shards, two-sided
-    windows). Works with NCCL (one process per GPU, e.g. under torchrun) and gloo (CPU tensors).
+    window_size, softcap and alibi_slopes (float32 [heads] or [batch, heads]) mean what they mean
+    in flash_attn_func, over the global positions (the window crosses shards, ALiBi's distances
+    are between global positions); so do sinks (float32 [heads], counted once per row; the
+    gradient reaching them is this rank's rows' share). With ALiBi over zigzag shards each step
+    runs one kernel call per pair of chunks that meet (up to four per block instead of one or
+    two). A window that
+    spans fewer ranks than the group shortens the ring (`ring_schedule`): K/V blocks travel only
+    as far as some rank's queries see them, both ways when the window reaches ranks on both
+    sides (zigzag shards, two-sided windows). Works with NCCL (one process per GPU, e.g. under
+    torchrun) and gloo (CPU tensors).
     """
-    _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks)
-    settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap))
+    _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_slopes)
+    settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap), alibi_slopes)
     out, lse = _RingAttention.apply(q, k, v, sinks, group, settings, deterministic)
     return (out, lse) if return_lse else out
 
 
 def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zigzag", return_lse=False, *,
-             window_size=(-1, -1), softcap=0.0, sinks=None):
+             window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None):
     """The forward ring schedule for `world` virtual ranks, run in one process on one device.
 
     Takes the full sequences, shards them, runs every rank's steps in ring order (the
@@ -430,8 +456,9 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
     for step in range(max(behind, ahead) + 1):
         for r in range(world):
             for source, _, _ in _blocks_at(step, r, world, behind, ahead, None, None, None):
-                pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size))
-                _forward_step(accs[r], qs[r], ks[source], vs[source], pieces, softmax_scale, softcap)
+                pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size),
+                               alibi_slopes is not None)
+                _forward_step(accs[r], qs[r], ks[source], vs[source], pieces, softmax_scale, softcap, alibi_slopes)
     out = unshard([a[0].to(q.dtype) for a in accs], sharding)
     lse = unshard([a[1] for a in accs], sharding, dim=2)
     return (out, lse.to(lse_dtype(q.dtype))) if return_lse else out

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root with a library built elsewhere:
 # GPU tests, then optional benchmarks. Results go to $OUT (or ./gpu_out).
-# Usage: scripts/gpu_check.sh [tests|bench|all]
+# Usage: scripts/gpu_check.sh [tests|bench|all|ring]
+#   ring: on a machine of several GPUs, the multi-GPU tests (device guard, NCCL ring with every
+#   variant, ALiBi's offsets) and benchmarks/bench_ring.py over every GPU, full causal and a 4k
+#   window at RING_TOKENS (default 32768) tokens per GPU -> $OUT/ring.json.
 #   default: the source package python/fattn (with a carried python/fattn/libfattn.so)
 #   FATTN_WHEEL=dist/fattn-...whl: pip-installs that wheel (--no-deps) into a scratch
 #   folder and tests it instead, proving a wheel built elsewhere works with this torch.
@@ -39,4 +42,12 @@ if [[ $what == bench || $what == all ]]; then
       python3 benchmarks/bench_attention.py --pass $pass --out "$OUT/$pass.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$pass.log"
     fi
   done
+fi
+if [[ $what == ring ]]; then
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1  # no NVLink multicast
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_multi_gpu.py tests/test_ring_gpu.py \
+    tests/test_alibi_offset.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/ring_gpu_tests.log"
+  python3 -m torch.distributed.run --nproc-per-node="$gpus" benchmarks/bench_ring.py --windows=-1,4096 \
+    --tokens "${RING_TOKENS:-32768}" --out "$OUT/ring.json" 2>&1 | tee "$OUT/bench_ring.log"
 fi

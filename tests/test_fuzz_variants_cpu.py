@@ -158,6 +158,7 @@ def ring_case(draw):
         window=draw(st.sampled_from([(-1, -1), (3, 0), (5, 2), (0, 0), (-1, 4)])),
         softcap=draw(st.sampled_from([0.0, 1.5])),
         sinks=draw(st.booleans()),
+        alibi=draw(st.sampled_from([None, "heads", "batch_heads"])),
         group=draw(st.sampled_from([1, 2])),
     )
 
@@ -172,7 +173,10 @@ def test_ring_simulate_matches_the_single_call(c):
     k = torch.randn(2, seqlen, 2, 8, dtype=F64, generator=g)
     v = torch.randn(2, seqlen, 2, 8, dtype=F64, generator=g)
     sinks = torch.randn(2 * c["group"], generator=g) if c["sinks"] else None
-    kw = dict(causal=c["causal"], window_size=c["window"], softcap=c["softcap"], sinks=sinks)
+    slopes = None
+    if c["alibi"]:
+        slopes = torch.rand((2 * c["group"],) if c["alibi"] == "heads" else (2, 2 * c["group"]), generator=g) * 0.5
+    kw = dict(causal=c["causal"], window_size=c["window"], softcap=c["softcap"], sinks=sinks, alibi_slopes=slopes)
     out, lse = ring.simulate(q, k, v, c["world"], sharding=c["sharding"], return_lse=True, **kw)
     want, want_lse = attention_reference(q, k, v, **kw)
     assert torch.allclose(out, want, rtol=0, atol=1e-10), (c, (out - want).abs().max())
@@ -189,6 +193,7 @@ RING_BREAKS = [
     ("unknown sharding", lambda a: a.update(sharding="striped"), "sharding"),
     ("sequence not divisible by 2 * world", lambda a: a.update(world=a["q"].shape[1]), "world"),
     ("k shorter than q", lambda a: a.update(k=a["k"][:, :-2]), "k"),
+    ("alibi slopes of the wrong shape", lambda a: a.update(alibi_slopes=torch.ones(3)), "alibi_slopes"),
 ]
 
 

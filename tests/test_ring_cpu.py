@@ -137,6 +137,9 @@ def _check_bad_input(rank, world):
         fattn.ring_flash_attn_func(*local, softcap=-1.0)
     with pytest.raises(RuntimeError, match=r"alibi_slopes has shape \[3\]; expected \[heads\] = \[4\]"):
         fattn.ring_flash_attn_func(*local, alibi_slopes=torch.ones(3))
+    # The shapes are checked before the per-head arguments that read them.
+    with pytest.raises(ValueError, match=r"q must be \[batch, seqlen/world, heads, head_dim\], got shape"):
+        fattn.ring_flash_attn_func(local[0][0, :, 0], *local[1:], sinks=torch.zeros(4), alibi_slopes=torch.ones(4))
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):

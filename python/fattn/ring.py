@@ -382,12 +382,12 @@ def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_s
     left, right = window_pair("ring_flash_attn_func", window_size)
     check_window("fattn.ring_flash_attn_func", left, right)
     check_softcap("fattn.ring_flash_attn_func", softcap)
-    check_sinks("fattn.ring_flash_attn_func", sinks, q, q.shape[2])
-    check_alibi_slopes("fattn.ring_flash_attn_func", alibi_slopes, q, q.shape[0], q.shape[2])
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"fattn.ring_flash_attn_func: {name} must be [batch, seqlen/world, heads, head_dim], "
                              f"got shape {list(t.shape)}")
+    check_sinks("fattn.ring_flash_attn_func", sinks, q, q.shape[2])
+    check_alibi_slopes("fattn.ring_flash_attn_func", alibi_slopes, q, q.shape[0], q.shape[2])
     if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
         raise ValueError(f"fattn.ring_flash_attn_func: q, k and v shards must have one length, got "
                          f"{q.shape[1]}, {k.shape[1]}, {v.shape[1]}")

@@ -8,9 +8,15 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
 - window: at --window-seqlen tokens (batch 1), a bottom-right sliding window of each of
   --windows keys to the left (right edge 0, as causal) and full causal attention; time should
   grow with the window, not the sequence. FLOPs count the visible (query, key) pairs.
-- score_mod: at --mod-seqlen tokens, plain attention, softcap 30, ALiBi, both, and sinks (one
-  logit per head in the denominator), each also causal; fattn's rows carry ratio_vs against fattn's plain run of the same shape
-  ("fattn-plain") and against Flex with the same modification.
+- score_mod: what each variant costs over plain attention, in one run at --mod-seqlen tokens,
+  non-causal and causal: plain, softcap 30, ALiBi, both, sinks (one logit per head in the
+  denominator), dropout 0.1, a sliding window of --mod-window keys (to the left; to the right
+  too when not causal), segment ids (--segments documents per row), GQA (--gqa query heads per
+  KV head) and an additive bias [1, heads, s, s] (not differentiated). fattn's rows carry
+  vs_plain (time over fattn's plain run of the same shape) and ratio_vs against Flex with the
+  same modification (no Flex for sinks, dropout and the bias) or SDPA's flash backend
+  (dropout). Every row counts the plain problem's FLOPs, so its TFLOP/s compares as its time
+  does.
 - varlen: a causal batch of --varlen-batch random lengths in 1..--varlen-max-seqlen (seeded),
   packed for flash_attn_varlen_func, against the padded equivalent: every sequence padded to
   the longest, run by fattn's dense call and by SDPA's flash and cuDNN backends (no padding
@@ -77,6 +83,12 @@ class Flex:
         mask = self.create_block_mask(visible, None, None, seqlen, seqlen, device=self.device)
         return lambda qt, kt, vt: self.flex(qt, kt, vt, block_mask=mask)
 
+    def masked(self, seqlen, visible, batch=None):
+        """visible(qi, ki, b) -> bool: a block mask over (query, key), per batch row when `batch` is given."""
+        mask = self.create_block_mask(lambda b, h, qi, ki: visible(qi, ki, b), batch, None, seqlen, seqlen,
+                                      device=self.device)
+        return lambda qt, kt, vt: self.flex(qt, kt, vt, block_mask=mask, enable_gqa=kt.shape[1] != qt.shape[1])
+
     def modified(self, seqlen, causal, softcap, slopes):
         def score_mod(score, b, h, qi, ki):
             if softcap:
@@ -122,27 +134,59 @@ def window_study(results, args, flex, direction):
         results.write(args.out)
 
 
+def score_mod_variants(args, causal, b, h, s):
+    """The score_mod study's rows: name -> (fattn's keyword arguments, the Flex peer's kind or None).
+    The "gqa" keyword is the study's own: k and v with h / gqa heads."""
+    device, left = args.device, args.mod_window
+    # Documents of equal length packed into each row, the same cut for q and k.
+    docs = (torch.arange(s, device=device) * args.segments // s).to(torch.int32).expand(b, s).contiguous()
+    return {
+        "plain": (dict(), "modified"),
+        "softcap": (dict(softcap=30.0), "modified"),
+        "alibi": (dict(alibi_slopes=alibi_slopes(h, device)), "modified"),
+        "softcap+alibi": (dict(softcap=30.0, alibi_slopes=alibi_slopes(h, device)), "modified"),
+        "sinks": (dict(sinks=torch.randn(h, device=device)), None),  # Flex has no sink term
+        "dropout0.1": (dict(dropout_p=0.1), None),  # nor dropout: SDPA flash is the peer
+        f"window{left}": (dict(window_size=(left, 0 if causal else left)), "window"),
+        f"segments{args.segments}": (dict(q_segment_ids=docs, kv_segment_ids=docs), "segments"),
+        f"gqa{args.gqa}": (dict(gqa=args.gqa), "gqa"),
+        "bias": (dict(bias=torch.randn(1, h, s, s, device=device, dtype=torch.bfloat16)), None),
+    }
+
+
+def _flex_peer(flex, kind, s, causal, options):
+    """The Flex call with the same modification as fattn's `options`."""
+    after = (lambda qi, ki: qi >= ki) if causal else (lambda qi, ki: qi >= 0)
+    if kind == "modified":
+        return flex.modified(s, causal, options.get("softcap", 0.0), options.get("alibi_slopes"))
+    if kind == "window":
+        left, right = options["window_size"]
+        return flex.masked(s, lambda qi, ki, b: (ki >= qi - left) & (ki <= qi + right))
+    if kind == "segments":
+        docs = options["q_segment_ids"]
+        return flex.masked(s, lambda qi, ki, b: (docs[b, qi] == docs[b, ki]) & after(qi, ki), batch=docs.shape[0])
+    return flex.masked(s, lambda qi, ki, b: after(qi, ki))  # gqa: plain attention, fewer KV heads
+
+
 def score_mod_study(results, args, flex, direction):
     d, s = args.head_dim, args.mod_seqlen
     h, b = args.hidden // d, max(1, args.tokens // args.mod_seqlen)
     q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    slopes = alibi_slopes(h, args.device)
     for causal in (False, True):
         plain_case = None
-        sinks = torch.randn(h, device=args.device)
-        for mod, softcap, alibi, sink, p in (("plain", 0.0, None, None, 0.0), ("softcap", 30.0, None, None, 0.0),
-                                             ("alibi", 0.0, slopes, None, 0.0),
-                                             ("softcap+alibi", 30.0, slopes, None, 0.0), ("sinks", 0.0, None, sinks, 0.0),
-                                             ("dropout0.1", 0.0, None, None, 0.1)):
+        for mod, (options, flex_kind) in score_mod_variants(args, causal, b, h, s).items():
             case = {"study": "score_mod", "pass": direction, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                     "causal": causal, "mod": mod}
-            impls = {"fattn": lambda q, k, v, c=causal, cap=softcap, a=alibi, s=sink, p=p: fattn.flash_attn_func(
-                q, k, v, p, causal=c, softcap=cap, alibi_slopes=a, sinks=s)}
-            inputs = {"fattn": (q, k, v)}
-            if flex and sink is None and p == 0.0:  # Flex has no sink term and no dropout
-                impls["flex"] = flex.modified(s, causal, softcap, alibi)
-                inputs["flex"] = (qt, kt, vt)
+            options = dict(options)
+            group = options.pop("gqa", 1)
+            kv = (k, v) if group == 1 else tuple(t[:, :, :h // group].contiguous() for t in (k, v))
+            impls = {"fattn": lambda q, k, v, c=causal, o=options: fattn.flash_attn_func(q, k, v, causal=c, **o)}
+            inputs = {"fattn": (q, *kv)}
+            if flex and flex_kind:
+                impls["flex"] = _flex_peer(flex, flex_kind, s, causal, options)
+                inputs["flex"] = (qt, *(t.transpose(1, 2).contiguous() for t in kv))
+            p = options.get("dropout_p", 0.0)
             if p > 0:  # SDPA's flash backend drops out too (its own generator)
                 for name, backend in sdpa_peers(args.device).items():
                     impls[name] = lambda q, k, v, c=causal, p=p, backend=backend: _sdpa(q, k, v, backend, c, None, p)
@@ -265,6 +309,9 @@ def parse_args(argv):
     parser.add_argument("--window-seqlen", type=int, default=16384)
     parser.add_argument("--windows", default="1024,4096")
     parser.add_argument("--mod-seqlen", type=int, default=8192)
+    parser.add_argument("--mod-window", type=int, default=4096, help="score_mod study: the window's keys per side")
+    parser.add_argument("--segments", type=int, default=4, help="score_mod study: documents per row")
+    parser.add_argument("--gqa", type=int, default=4, help="score_mod study: query heads per KV head")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--varlen-batch", type=int, default=8)
     parser.add_argument("--varlen-max-seqlen", type=int, default=8192)
@@ -279,7 +326,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.quick:
         args.head_dim, args.hidden, args.window_seqlen, args.windows = 64, 128, 256, "16,64"
-        args.mod_seqlen, args.tokens, args.reps, args.no_flex = 128, 256, 2, True
+        args.mod_seqlen, args.tokens, args.reps, args.no_flex, args.mod_window, args.gqa = 128, 256, 2, True, 32, 2
         args.varlen_batch, args.varlen_max_seqlen, args.pad_head_dims, args.bias_seqlen = 3, 100, "13", 128
     return args
 

@@ -23,6 +23,13 @@ def test_quick_run_times_every_case(script, tmp_path):
     assert rows
     if script == "bench_variants":  # a benchmark times every implementation of every case
         assert all(r["ms"] for r in rows), [r for r in rows if not r["ms"]][:3]
+        # The score_mod study prices every variant over plain attention, in both passes.
+        mods = {(r["pass"], r["mod"]) for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"}
+        variants = {"plain", "softcap", "alibi", "softcap+alibi", "sinks", "dropout0.1", "window32", "segments4", "gqa2",
+                    "bias"}
+        assert mods == {(p, m) for p in ("forward", "backward") for m in variants}, mods
+        assert all("vs_plain" in r for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"
+                   and r["mod"] != "plain")
     elif script == "bench_chunked_prefill":  # every fattn path (a CPU has no SDPA flash/cuDNN/efficient)
         fattn_rows = [r for r in rows if r["impl"].startswith("fattn")]
         assert len(fattn_rows) == 4 and all(r["ms"] for r in fattn_rows), fattn_rows
@@ -254,3 +261,30 @@ def test_interleaved_timing_alternates_the_callables():
     assert set(ms) == {"a", "b"} and all(t >= 0 for t in ms.values())
     # _time_ms runs one untimed call and `reps` timed ones per sample: runs of 3, alternating.
     assert calls == (["a"] * 3 + ["b"] * 3) * 3
+
+
+def test_bench_variants_flex_peers_compute_what_fattn_computes():
+    # The score_mod study compares fattn with FlexAttention given "the same modification": on the
+    # CPU (compiled Flex, float32) each Flex peer must match the reference of fattn's call.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_variants
+    from fattn.reference import attention_reference
+
+    args = bench_variants.parse_args(["--device", "cpu", "--quick"])
+    flex = bench_variants.Flex("cpu")
+    b, h, s, d = 2, 4, 128, 16
+    q, k, v = (torch.randn(b, s, h, d) for _ in range(3))
+    peers = 0
+    for causal in (False, True):
+        for mod, (options, kind) in bench_variants.score_mod_variants(args, causal, b, h, s).items():
+            if kind is None:
+                continue
+            options = dict(options)
+            group = options.pop("gqa", 1)
+            kv = (k, v) if group == 1 else tuple(t[:, :, :h // group].contiguous() for t in (k, v))
+            call = bench_variants._flex_peer(flex, kind, s, causal, options)
+            out = call(q.transpose(1, 2), *(t.transpose(1, 2).contiguous() for t in kv)).transpose(1, 2)
+            want, _ = attention_reference(q, *kv, None, causal, **options)
+            assert (out.double() - want.double()).abs().max().item() < 1e-5, (mod, causal)
+            peers += 1
+    assert peers == 14  # plain, softcap, alibi, both, window, segments, gqa; causal and not

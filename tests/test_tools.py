@@ -25,8 +25,8 @@ def test_quick_run_times_every_case(script, tmp_path):
         assert all(r["ms"] for r in rows), [r for r in rows if not r["ms"]][:3]
         # The score_mod study prices every variant over plain attention, in both passes.
         mods = {(r["pass"], r["mod"]) for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"}
-        variants = {"plain", "softcap", "alibi", "softcap+alibi", "sinks", "dropout0.1", "window32", "segments4", "gqa2",
-                    "bias"}
+        variants = {"plain", "softcap", "alibi", "softcap+alibi", "sinks", "dropout0.1", "window32", "segments4",
+                    "gqa2", "bias"}
         assert mods == {(p, m) for p in ("forward", "backward") for m in variants}, mods
         assert all("vs_plain" in r for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"
                    and r["mod"] != "plain")

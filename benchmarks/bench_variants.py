@@ -137,14 +137,14 @@ def window_study(results, args, flex, direction):
 def score_mod_variants(args, causal, b, h, s):
     """The score_mod study's rows: name -> (fattn's keyword arguments, the Flex peer's kind or None).
     The "gqa" keyword is the study's own: k and v with h / gqa heads."""
-    device, left = args.device, args.mod_window
+    device, left, slopes = args.device, args.mod_window, alibi_slopes(h, args.device)
     # Documents of equal length packed into each row, the same cut for q and k.
     docs = (torch.arange(s, device=device) * args.segments // s).to(torch.int32).expand(b, s).contiguous()
     return {
         "plain": (dict(), "modified"),
         "softcap": (dict(softcap=30.0), "modified"),
-        "alibi": (dict(alibi_slopes=alibi_slopes(h, device)), "modified"),
-        "softcap+alibi": (dict(softcap=30.0, alibi_slopes=alibi_slopes(h, device)), "modified"),
+        "alibi": (dict(alibi_slopes=slopes), "modified"),
+        "softcap+alibi": (dict(softcap=30.0, alibi_slopes=slopes), "modified"),
         "sinks": (dict(sinks=torch.randn(h, device=device)), None),  # Flex has no sink term
         "dropout0.1": (dict(dropout_p=0.1), None),  # nor dropout: SDPA flash is the peer
         f"window{left}": (dict(window_size=(left, 0 if causal else left)), "window"),

@@ -57,6 +57,11 @@ def _run(fn, q, k, v, w_out, w_lse):
     return (out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves))
 
 
+def _args(q, k, v, slopes, offset, causal=False, window=(-1, -1)):
+    """fattn::forward's positional arguments for ALiBi with an offset (no other variant)."""
+    return (q, k, v, None, causal, False, window[0], window[1], 0.0, slopes, None, None, None, None, 0.0, None, offset)
+
+
 # The CPU op in float64 (one head dim: it has no kernels to pick); bf16 on a GPU at the head dims
 # whose Hopper kernels take ALiBi.
 DEVICE_DTYPE_DIM = [pytest.param("cpu", torch.float64, 64, id="cpu-float64-d64")] + [
@@ -72,8 +77,7 @@ def test_a_piece_sees_its_global_distances(device, dtype, head_dim, rows, keys, 
     offset = _offset(rows, keys)
 
     def op(q, k, v):
-        return FORWARD(q, k, v, None, causal, False, window[0], window[1], 0.0, slopes, None, None, None, None, 0.0,
-                       None, offset)
+        return FORWARD(*_args(q, k, v, slopes, offset, causal, window))
 
     def reference(dtype):
         return lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=dtype, window_size=window,
@@ -99,14 +103,9 @@ def test_the_offset_changes_the_result():
     # The offset reaches the scores: the same piece with offset 0 differs.
     rows, keys = (24, 40), (0, 16)
     q, k, v, slopes, *_ = _problem("cpu", torch.float64, 16, rows, keys)
-    shifted = FORWARD(q, k, v, None, False, False, -1, -1, 0.0, slopes, None, None, None, None, 0.0, None,
-                      _offset(rows, keys))
-    local = FORWARD(q, k, v, None, False, False, -1, -1, 0.0, slopes)
+    shifted = FORWARD(*_args(q, k, v, slopes, _offset(rows, keys)))
+    local = FORWARD(*_args(q, k, v, slopes, 0))
     assert not torch.allclose(shifted[1], local[1])
-
-
-def _args(q, k, v, slopes, offset):
-    return (q, k, v, None, False, False, -1, -1, 0.0, slopes, None, None, None, None, 0.0, None, offset)
 
 
 def test_an_offset_without_slopes_is_refused():

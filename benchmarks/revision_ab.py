@@ -6,10 +6,11 @@ is adopted (the `jit_ab*.log` files under benchmarks/results/, NOTES.md T16-T19)
     python benchmarks/revision_ab.py --base HEAD --kernel dq --head-dims 128 --softcap 30
     python benchmarks/revision_ab.py --base HEAD~2 --kernel forward --head-dims 128 --programs 4
 
-The base revision's triton_src is taken out of git (`git archive`) into a temporary package,
-triton_src_base, imported beside the working tree's triton_src; each side launches its own kernel
-through its own triton_src/python_launch.py, so the base must be a revision whose launch helpers
-take the calls below (`spec=`, `accumulate_dq=`, `programs=`).
+The base revision's triton_src is taken out of git (`git archive`), or out of a tar file that
+`git archive --format=tar REV triton_src` wrote (`--base base.tar`, for a copy of the tree without
+its history), into a temporary package, triton_src_base, imported beside the working tree's
+triton_src; each side launches its own kernel through its own triton_src/python_launch.py, so the
+base must be a revision whose launch helpers take the calls below (`spec=`, `accumulate_dq=`, `programs=`).
 
 Kernels: forward (attn_fwd_sm90; --programs per (head, batch), default the op's model),
 dkdv (attn_bwd_dkdv_sm90; --accumulate-dq for deterministic=False's form), dq (attn_bwd_dq_sm90),
@@ -58,14 +59,22 @@ IMPLEMENTATION = {"forward": "attn_fwd_sm90", "dkdv": "attn_bwd_dkdv_sm90", "dq"
 OUTPUTS = {"forward": ("out", "lse"), "dkdv": ("dk", "dv"), "dkdv_dq": ("dk", "dv", "dq"), "dq": ("dq",)}
 
 
-def load_revision(rev: str, directory: Path):
-    """triton_src as git revision `rev` has it, imported from `directory` as the package
-    triton_src_base (its modules import each other relatively, so the copy is self-contained)."""
+def revision_tar(rev: str) -> bytes:
+    """triton_src of `rev` as a tar: the file `rev` names if it is one, else `git archive`'s."""
+    if rev.endswith(".tar") and Path(rev).is_file():
+        return Path(rev).read_bytes()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "triton_src"],
                              capture_output=True, check=False)
     if archive.returncode != 0:
         raise SystemExit(f"revision_ab: git archive {rev} triton_src failed: {archive.stderr.decode().strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+    return archive.stdout
+
+
+def load_revision(rev: str, directory: Path):
+    """triton_src as git revision `rev` (or the tar file `rev`) has it, imported from `directory` as
+    the package triton_src_base (its modules import each other relatively, so the copy is
+    self-contained)."""
+    with tarfile.open(fileobj=io.BytesIO(revision_tar(rev))) as tar:
         for member in tar.getmembers():
             if member.isfile():
                 target = directory / PACKAGE / Path(member.name).relative_to("triton_src")
@@ -139,7 +148,8 @@ def compare(a, b, names) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD)")
+    parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD), or a tar of its triton_src "
+                        "from `git archive` (a name ending in .tar)")
     parser.add_argument("--kernel", choices=("forward", "dkdv", "dq"), default="dkdv")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,4096,16384")

@@ -191,6 +191,13 @@ def test_revision_ab_imports_another_revisions_kernels(tmp_path):
                 kernel_call(without_specs, kernel, problem, (128, 64, 4, 1), True, 0.0, False, 2)
         with pytest.raises(SystemExit, match="git archive no-such-revision"):
             load_revision("no-such-revision", tmp_path / "other")
+        # A copy without git history takes the same files from a tar that git archive wrote.
+        tar = tmp_path / "base.tar"
+        tar.write_bytes(subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD", "triton_src"],
+                                       capture_output=True, check=True).stdout)
+        from_tar = load_revision(str(tar), tmp_path / "from_tar")
+        assert Path(from_tar.__file__).is_relative_to(tmp_path / "from_tar")
+        assert {s.name for s in from_tar.IMPLEMENTATIONS.values()} == {s.name for s in triton_src.IMPLEMENTATIONS.values()}
     finally:
         for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
             del sys.modules[name]

@@ -142,10 +142,26 @@ def _check_bad_input(rank, world):
         fattn.ring_flash_attn_func(local[0][0, :, 0], *local[1:], sinks=torch.zeros(4), alibi_slopes=torch.ones(4))
 
 
+def _check_traffic(rank, world):
+    # What each hop carries, world 4, 6 rows per rank (k and v rows of 2 * 2 * 16 = 64 elements).
+    # A causal window of 2 over contiguous shards: rank r's queries see rank r - 1's last 2 keys
+    # and nothing before, so the one hop moves those 2 rows of k and v forward, again in the
+    # backward, and their float64 dK/dV accumulator home: 3 exchanges of 2 x 2 x 64 elements.
+    # Full causal attention moves whole blocks, 3 hops of 3 exchanges of 2 x 6 x 64.
+    q, k, v, w_out, _ = _full_problem()
+    local = [shard(t, world, rank, "contiguous").clone().requires_grad_() for t in (q, k, v)]
+    for window, want in (((2, -1), 3 * 2 * 2 * 64), ((-1, -1), 3 * 3 * 2 * 6 * 64)):
+        with _Counts() as counts:
+            out = fattn.ring_flash_attn_func(*local, causal=True, sharding="contiguous", window_size=window)
+            (out * shard(w_out, world, rank, "contiguous")).sum().backward()
+        sent = sum(r.sent_elements for r in counts.rings)
+        assert sent == want, f"rank {rank} window {window}: sent {sent} elements, want {want}"
+
+
 def _worker(rank, world, init_file, check_name, errors_dir):
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        {"ring": _check_rank, "bad_input": _check_bad_input}[check_name](rank, world)
+        {"ring": _check_rank, "bad_input": _check_bad_input, "traffic": _check_traffic}[check_name](rank, world)
         dist.barrier()
     except BaseException:
         with open(os.path.join(errors_dir, f"rank{rank}.txt"), "w") as f:
@@ -171,6 +187,10 @@ def _spawn(world, check_name):
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_ring_matches_single_process_attention(world):
     _spawn(world, "ring")
+
+
+def test_each_hop_carries_the_rows_later_ranks_use():
+    _spawn(4, "traffic")
 
 
 def test_ring_bad_input_is_a_clear_error():

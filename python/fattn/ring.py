@@ -2,7 +2,8 @@
 
 Each rank holds a shard of q, k and v ([batch, seqlen / world, heads, head_dim]). K/V
 blocks travel around the ring with torch.distributed point-to-point ops, posted before
-each step's kernel so the transfer hides behind it. Each step's partial (out, lse)
+each step's kernel so the transfer hides behind it; a hop carries the rows of the block that
+the ranks still ahead of it use (all of them but under a window). Each step's partial (out, lse)
 merges into an fp32 accumulator through fattn.merge_attention_states. The backward
 runs a second ring: dK/dV accumulators travel with their K/V block and arrive home
 after `world` steps, dQ accumulates locally in fp32, and every block's gradient is
@@ -192,6 +193,52 @@ def _schedule(world, local_len, causal, sharding, window) -> tuple[int, int]:
     return best[1], best[2]
 
 
+def _hull(slices):
+    """(lo, hi) covering every slice; None for none."""
+    slices = list(slices)
+    return (min(x.start for x in slices), max(x.stop for x in slices)) if slices else None
+
+
+@functools.lru_cache(maxsize=64)
+def _travel_spans(world, local_len, causal, sharding, window, alibi) -> dict[tuple[int, int], tuple[int, int]]:
+    """(direction, hop) -> (lo, hi): the rows of a K/V block that its hop `hop` in `direction`
+    (+1 forward, -1 backward) carries, the hull of the K/V rows that the pieces of the ranks at
+    that hop and after use. Every rank evaluates every rank's plans (as the schedule does), so
+    sender and receiver agree on each shape, and blocks of every source carry the same rows. A
+    window that reaches a neighbour shard's last keys only moves those (an eighth of a 32k shard
+    for a 4k window), and the block's dK/dV accumulator shrinks with it."""
+    behind, ahead = _schedule(world, local_len, causal, sharding, window)
+    # The K/V rows used by the ranks `o` places after a block's owner, over every owner.
+    used = [_hull(p.kv_rows for r in range(world)
+                  for p in _plan(r, (r - o) % world, world, local_len, causal, sharding, window, alibi))
+            for o in range(world)]
+    spans = {}
+    for direction, hops in ((1, behind), (-1, ahead)):
+        for hop in range(1, hops + 1):
+            later = [used[direction * h % world] for h in range(hop, hops + 1)]
+            spans[direction, hop] = _hull(slice(*u) for u in later if u is not None) or (0, local_len)
+    return spans
+
+
+@dataclass(frozen=True, eq=False)
+class _Block:
+    """Rows [lo, lo + len) of a K/V block, as a hop carries them (the whole block at home)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    lo: int = 0
+
+    def rows(self, span: tuple[int, int]) -> list[torch.Tensor]:
+        """k and v of the block's rows span = (lo, hi), contiguous (point-to-point ops need it)."""
+        a, b = span[0] - self.lo, span[1] - self.lo
+        if (a, b) == (0, self.k.shape[1]):
+            return [self.k, self.v]
+        return [self.k[:, a:b].contiguous(), self.v[:, a:b].contiguous()]
+
+    def local(self, piece: _Piece) -> slice:
+        """The piece's K/V rows (block coordinates) in this block's tensors."""
+        return slice(piece.kv_rows.start - self.lo, piece.kv_rows.stop - self.lo)
+
+
 # ---------------------------------------------------------------- communication
 
 class _Ring:
@@ -202,22 +249,25 @@ class _Ring:
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.p2p_ops = 0  # posted so far; tests check it against the design
+        self.sent_elements = 0  # of the tensors sent so far; tests check what each hop carries
 
     def _global(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank) if self.group else rank
 
     def exchange(self, tensors: list[torch.Tensor], offset: int = 1):
         """Posts send(tensors -> rank + offset) and recv(<- rank - offset), ring neighbours by
-        default; returns (received, handles)."""
+        default; returns (received, handles, sent): the sent tensors stay referenced until the
+        exchange is waited for, since a sliced block's copy has no other owner."""
         offset %= self.world
         if offset == 0:  # a rank is its own neighbour: nothing travels
-            return list(tensors), []
+            return list(tensors), [], tensors
         to, frm = self._global((self.rank + offset) % self.world), self._global((self.rank - offset) % self.world)
         received = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, to, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, frm, self.group) for r in received]
         self.p2p_ops += len(ops)
-        return received, dist.batch_isend_irecv(ops)
+        self.sent_elements += sum(t.numel() for t in tensors)
+        return received, dist.batch_isend_irecv(ops), tensors
 
 
 def _wait(handles) -> None:
@@ -225,20 +275,26 @@ def _wait(handles) -> None:
         h.wait()
 
 
-def _arrived(pending, block):
-    """The block an exchange posted this step brings, once it is in; `block` if none was posted."""
+def _received(pending):
+    """The tensors an exchange brings, once they are in."""
+    _wait(pending[1])
+    return pending[0]
+
+
+def _arrived(pending, block: _Block, lo: int) -> _Block:
+    """The block an exchange posted this step brings (its rows from `lo`), once it is in; `block`
+    if none was posted."""
     if pending is None:
         return block
-    _wait(pending[1])
-    return tuple(pending[0])
+    k, v = _received(pending)
+    return _Block(k, v, lo)
 
 
-def _add_arrived(pending, dk, dv) -> None:
-    """Adds the dK/dV accumulator an exchange brings (if one was posted) to dk, dv in place."""
-    if pending is not None:
-        dk_in, dv_in = _arrived(pending, None)
-        dk += dk_in
-        dv += dv_in
+def _add_at(dk, dv, lo: int, dk_part, dv_part) -> None:
+    """dk, dv rows [lo, lo + len(part)) += the parts, in place."""
+    n = dk_part.shape[1]
+    dk[:, lo:lo + n] += dk_part
+    dv[:, lo:lo + n] += dv_part
 
 
 # ---------------------------------------------------------------- forward and backward
@@ -269,10 +325,11 @@ def _alibi_args(alibi_slopes, piece: _Piece) -> dict:
     return {} if alibi_slopes is None else dict(alibi_slopes=alibi_slopes, alibi_offset=piece.alibi_offset)
 
 
-def _forward_step(acc, q, k, v, pieces: list[_Piece], softmax_scale, softcap, alibi_slopes):
+def _forward_step(acc, q, block: _Block, pieces: list[_Piece], softmax_scale, softcap, alibi_slopes):
     for piece in pieces:
+        rows = block.local(piece)
         part_out, part_lse = _forward_op(
-            q[:, piece.q_rows], k[:, piece.kv_rows], v[:, piece.kv_rows], softmax_scale, False, False,
+            q[:, piece.q_rows], block.k[:, rows], block.v[:, rows], softmax_scale, False, False,
             piece.window_left, piece.window_right, softcap, **_alibi_args(alibi_slopes, piece))
         _accumulate(acc[0], acc[1], piece.q_rows, part_out, part_lse)
 
@@ -287,32 +344,46 @@ def _blocks_at(step, rank, world, behind, ahead, own, forward, backward):
     return blocks + ([((rank + step) % world, -1, backward)] if step <= ahead else [])
 
 
+def _post_hops(ring: _Ring, step, behind, ahead, spans, forward: _Block, backward: _Block):
+    """Posts the next hop of each travelling block (before this step's kernels, so the transfer
+    hides behind them), each carrying the rows its ranks ahead use: (pending, first row) per
+    direction, None where the block has made its last hop."""
+    posted = []
+    for direction, hops, block in ((1, behind, forward), (-1, ahead, backward)):
+        if step < hops:
+            span = spans[direction, step + 1]
+            posted.append((ring.exchange(block.rows(span), direction), span[0]))
+        else:
+            posted.append((None, 0))
+    return posted
+
+
 def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
     causal, softmax_scale, sharding, window, softcap, alibi_slopes = settings
     acc = _new_accumulator(q, sinks)
+    alibi = alibi_slopes is not None
     behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
-    forward = backward = (k, v)
+    spans = _travel_spans(ring.world, q.shape[1], bool(causal), sharding, tuple(window), alibi)
+    own = forward = backward = _Block(k, v)
     for step in range(max(behind, ahead) + 1):
-        # The next hop of each travelling block is posted before this step's kernels.
-        to_next = ring.exchange(list(forward), 1) if step < behind else None
-        to_prev = ring.exchange(list(backward), -1) if step < ahead else None
-        for source, _, (kk, vv) in _blocks_at(step, ring.rank, ring.world, behind, ahead, (k, v), forward,
-                                              backward):
-            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window,
-                           alibi_slopes is not None)
-            _forward_step(acc, q, kk, vv, pieces, softmax_scale, softcap, alibi_slopes)
-        forward, backward = _arrived(to_next, forward), _arrived(to_prev, backward)
+        (to_next, next_lo), (to_prev, prev_lo) = _post_hops(ring, step, behind, ahead, spans, forward, backward)
+        for source, _, block in _blocks_at(step, ring.rank, ring.world, behind, ahead, own, forward, backward):
+            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window, alibi)
+            _forward_step(acc, q, block, pieces, softmax_scale, softcap, alibi_slopes)
+        forward, backward = _arrived(to_next, forward, next_lo), _arrived(to_prev, backward, prev_lo)
     out, lse = acc
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
-def _block_gradients(dout, dlse, q, k, v, out, lse, pieces, dq, settings, deterministic, acc_dtype):
-    """dK, dV of one K/V block from this rank's queries (dq accumulates in place)."""
+def _block_gradients(dout, dlse, q, block: _Block, out, lse, pieces, dq, settings, deterministic, acc_dtype):
+    """dK, dV of the rows of one K/V block that `block` holds, from this rank's queries (dq
+    accumulates in place)."""
     _, softmax_scale, _, _, softcap, alibi_slopes = settings
+    k, v = block.k, block.v
     dk = torch.zeros_like(k, dtype=acc_dtype)
     dv = torch.zeros_like(v, dtype=acc_dtype)
     for piece in pieces:
-        r, c = piece.q_rows, piece.kv_rows
+        r, c = piece.q_rows, block.local(piece)
         dq_p, dk_p, dv_p, _ = _backward_op(
             dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r],
             None if dlse is None else dlse[:, :, r], softmax_scale, False, deterministic,
@@ -327,31 +398,37 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: _Ring, settings, determi
     causal, _, sharding, window, _, alibi_slopes = settings
     acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
     dq = torch.zeros_like(q, dtype=acc_dtype)
+    alibi = alibi_slopes is not None
     behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
-    forward = backward = (k, v)
+    spans = _travel_spans(ring.world, q.shape[1], bool(causal), sharding, tuple(window), alibi)
+    own_block = forward = backward = _Block(k, v)
     # The dK/dV accumulator of each travelling block follows it, gathering the gradient of every
-    # rank it visits, and after its last hop goes straight back to the block's owner.
+    # rank it visits, and after its last hop goes straight back to the block's owner. It holds the
+    # rows of the block's first hop, the most that any rank on its way computes.
     arriving = {1: None, -1: None}  # direction -> the accumulator posted to reach this rank
     own = None
     for step in range(max(behind, ahead) + 1):
-        to_next = ring.exchange(list(forward), 1) if step < behind else None
-        to_prev = ring.exchange(list(backward), -1) if step < ahead else None
-        blocks = _blocks_at(step, ring.rank, ring.world, behind, ahead, (k, v), forward, backward)
-        for source, direction, (kk, vv) in blocks:
-            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window,
-                           alibi_slopes is not None)
-            dk, dv = _block_gradients(dout, dlse, q, kk, vv, out, lse, pieces, dq, settings, deterministic, acc_dtype)
+        (to_next, next_lo), (to_prev, prev_lo) = _post_hops(ring, step, behind, ahead, spans, forward, backward)
+        blocks = _blocks_at(step, ring.rank, ring.world, behind, ahead, own_block, forward, backward)
+        for source, direction, block in blocks:
+            pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window, alibi)
+            dk, dv = _block_gradients(dout, dlse, q, block, out, lse, pieces, dq, settings, deterministic, acc_dtype)
             if direction == 0:
                 own = [dk, dv]
                 continue
             hops = behind if direction == 1 else ahead
-            _add_arrived(arriving[direction], dk, dv)  # what the ranks before this one on its way added
+            first = spans[direction, 1][0]
+            if arriving[direction] is not None:  # what the ranks before this one on its way added
+                acc_k, acc_v = _received(arriving[direction])
+                _add_at(acc_k, acc_v, block.lo - first, dk, dv)
+                dk, dv = acc_k, acc_v
             last = step == hops
             arriving[direction] = ring.exchange([dk, dv], direction * (-hops if last else 1))
-        forward, backward = _arrived(to_next, forward), _arrived(to_prev, backward)
+        forward, backward = _arrived(to_next, forward, next_lo), _arrived(to_prev, backward, prev_lo)
     dk, dv = own
-    for pending in arriving.values():  # this rank's own block, home from each direction
-        _add_arrived(pending, dk, dv)
+    for direction, pending in arriving.items():  # this rank's own block, home from each direction
+        if pending is not None:
+            _add_at(dk, dv, spans[direction, 1][0], *_received(pending))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -458,7 +535,8 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
             for source, _, _ in _blocks_at(step, r, world, behind, ahead, None, None, None):
                 pieces = _plan(r, source, world, qs[r].shape[1], causal, sharding, tuple(window_size),
                                alibi_slopes is not None)
-                _forward_step(accs[r], qs[r], ks[source], vs[source], pieces, softmax_scale, softcap, alibi_slopes)
+                _forward_step(accs[r], qs[r], _Block(ks[source], vs[source]), pieces, softmax_scale, softcap,
+                              alibi_slopes)
     out = unshard([a[0].to(q.dtype) for a in accs], sharding)
     lse = unshard([a[1] for a in accs], sharding, dim=2)
     return (out, lse.to(lse_dtype(q.dtype))) if return_lse else out

@@ -14,10 +14,11 @@ base must be a revision whose launch helpers take the calls below (`spec=`, `acc
 
 Kernels: forward (attn_fwd_sm90; --programs per (head, batch), default the op's model),
 dkdv (attn_bwd_dkdv_sm90; --accumulate-dq for deterministic=False's form), dq (attn_bwd_dq_sm90),
-with the tiles the working tree's grid builds for the bucket and score modification (a head dim
-or flag it builds none for is refused before anything runs). Shapes: bf16, hidden 2048, 16k
-tokens (batch = 16384 / seqlen), --group query heads per KV head, each seqlen causal and not; lse
-and delta from the forward. Each row: TFLOP/s of both (products counted: forward 2, dK/dV 4 or 5
+with the tiles the working tree's grid builds for the bucket and score modification (--softcap
+and --alibi take the SCORE_MOD 1 variants; a head dim or flag it builds none for is refused
+before anything runs). Shapes: bf16, hidden 2048, 16k tokens (batch = 16384 / seqlen), --group
+query heads per KV head, each seqlen causal and not; lse and delta from the plain forward (both
+sides get the same, so the comparison holds whatever the variant). Each row: TFLOP/s of both (products counted: forward 2, dK/dV 4 or 5
 with dQ, dQ 3), the speedup (base time / tree time), and per output whether it is bitwise equal
 and the largest absolute difference. dQ accumulated by bulk reductions (--accumulate-dq) adds in
 an order that varies between runs, so it need not be bitwise equal even against itself. The two
@@ -117,12 +118,17 @@ def grid_tiles(kernel: str, head_dim: int, score_mod: int, accumulate_dq: bool) 
                      f"SCORE_MOD {score_mod}" + (f" and ACCUMULATE_DQ {accumulate_dq}" if kernel == "dkdv" else ""))
 
 
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """ALiBi's slopes for `heads` heads (2**(-8 (h + 1) / heads)), float32 on the GPU."""
+    return torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)], dtype=torch.float32, device="cuda")
+
+
 def kernel_call(side, kernel: str, p, tiles, causal: bool, softcap: float, accumulate_dq: bool,
-                programs: int | None):
+                programs: int | None, alibi: torch.Tensor | None = None):
     """A callable launching `kernel` as `side` (triton_src or the base package) has it. The spec
     and launch helper are looked up here, so a side without them fails before anything runs."""
     launch = side.python_launch
-    variant = launch.Variant(causal=causal, softcap=softcap)
+    variant = launch.Variant(causal=causal, softcap=softcap, alibi=alibi)
     tiles = launch.Tiles(*tiles)
     if kernel == "forward":
         spec, forward = side.forward_sm90.ATTN_FWD_SM90, launch.forward
@@ -155,6 +161,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlens", default="1024,4096,16384")
     parser.add_argument("--group", type=int, default=1, help="query heads per KV head")
     parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the SCORE_MOD 1 variants")
+    parser.add_argument("--alibi", action="store_true", help="ALiBi's slopes (the SCORE_MOD 1 variants)")
     parser.add_argument("--accumulate-dq", action="store_true", help="dkdv: deterministic=False's form")
     parser.add_argument("--programs", type=int, default=None, help="forward: programs per (head, batch)")
     parser.add_argument("--pairs", type=int, default=6)
@@ -167,7 +174,7 @@ def main(argv=None) -> int:
         parser.error("--accumulate-dq is dkdv's")
     if args.programs is not None and args.kernel != "forward":
         parser.error("--programs is the forward's")
-    score_mod = int(args.softcap > 0)
+    score_mod = int(args.softcap > 0 or args.alibi)
     tiles = {d: grid_tiles(args.kernel, d, score_mod, args.accumulate_dq) for d in head_dims}
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times sm_90 kernels: needs a Hopper GPU")
@@ -191,13 +198,14 @@ def main(argv=None) -> int:
                                                                          p.q.shape[0] * heads, causal, sms)
                     if args.kernel == "dkdv":
                         flags["accumulate_dq"] = args.accumulate_dq
+                    slopes = alibi_slopes(heads) if args.alibi else None
                     calls = {name: kernel_call(side, args.kernel, p, tiles[d], causal, args.softcap,
-                                               args.accumulate_dq, flags.get("programs"))
+                                               args.accumulate_dq, flags.get("programs"), slopes)
                              for name, side in (("base", base), ("tree", triton_src))}
                     outputs = compare(calls["base"](), calls["tree"](), OUTPUTS[kind])
                     ms = interleaved_ms(calls, args.pairs)
                     row = {"kernel": args.kernel, "head_dim": d, "seqlen": seqlen, "causal": causal,
-                           "group": args.group, "softcap": args.softcap, **flags, **outputs,
+                           "group": args.group, "softcap": args.softcap, "alibi": args.alibi, **flags, **outputs,
                            **{f"{name}_tflops": round(WORK[kind] * p.flops / t / 1e9, 1) for name, t in ms.items()},
                            "speedup": round(ms["base"] / ms["tree"], 3)}
                     print(json.dumps(row), flush=True)

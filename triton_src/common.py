@@ -256,7 +256,12 @@ def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2, alibi_
     # faster with the softcap alone but 12 % slower with ALiBi, forward and backward.
     # The offset goes on the key side: on the query side it kept a second copy of the query
     # positions live through the loops (more spills in 9-11 of 20 sm_90 variants; NOTES.md R6).
-    scores -= alibi_log2 * tl.abs(q_idx + diagonal - (k_idx - alibi_offset)).to(tl.float32)
+    # Positions become floats before they meet: one conversion per row and per key of the tile
+    # instead of one per score (integer-to-float conversions run at a quarter of the FMA rate),
+    # and the distance is one FADD whose absolute value is free. Exact below 2**24 positions.
+    q_pos = (q_idx + diagonal).to(tl.float32)
+    k_pos = (k_idx - alibi_offset).to(tl.float32)
+    scores -= alibi_log2 * tl.abs(q_pos - k_pos)
     return scores, dscores
 
 

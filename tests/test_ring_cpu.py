@@ -93,7 +93,8 @@ def _check_rank(rank, world):
                 out, lse = fattn.ring_flash_attn_func(*local, causal=causal, return_lse=True, sharding=sharding,
                                                       window_size=window, softcap=softcap, sinks=sinks,
                                                       alibi_slopes=slopes)
-                loss = (out * shard(w_out, world, rank, sharding)).sum() + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()
+                loss = ((out * shard(w_out, world, rank, sharding)).sum()
+                        + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum())
                 loss.backward()
             what = (f"rank {rank}/{world} causal={causal} window={window} softcap={softcap} sinks={with_sinks} "
                     f"alibi={with_alibi} {sharding}")
@@ -124,7 +125,8 @@ def _check_bad_input(rank, world):
     local = [shard(t, world, rank) for t in (q, k, v)]
     # Unequal shards: rank 0 holds one row fewer (zigzag needs even shards, so drop two).
     uneven = [t[:, :-2] if rank == 0 else t for t in local]
-    with pytest.raises(ValueError, match=r"rank 0 has shard length 10 but rank 1 has 12|rank 1 has shard length 12 but rank 0 has 10"):
+    with pytest.raises(ValueError, match=r"rank 0 has shard length 10 but rank 1 has 12|"
+                                         r"rank 1 has shard length 12 but rank 0 has 10"):
         fattn.ring_flash_attn_func(*uneven, causal=True)
     mixed = [t.float() if rank == 1 else t for t in local]
     with pytest.raises(ValueError, match=r"has dtype"):
@@ -259,8 +261,18 @@ def test_skipped_steps_launch_nothing():
     # three pieces (both chunks, and the second chunk's first two rows against the first chunk's
     # last keys) and, but for rank 0, one piece of rank r - 1's last chunk at step 1: 15 launches
     # in 2 steps (a one-way ring of all 4 would not add any).
+    # A piece whose rows hold no partial yet is copied in, not merged: of those 15, the second
+    # chunk's full piece (rows 3-5 met rows 3-4 before) and, but for rank 0, the step-1 piece
+    # (rows 0-1) merge: 7 merges.
     q, k, v, _, _ = _full_problem()
-    with _Counts() as counts:
-        out = simulate(q, k, v, 4, causal=True, sharding="contiguous", window_size=(2, -1))
+    merges = []
+    merge = ring_module.merge_attention_states
+    ring_module.merge_attention_states = lambda *args: merges.append(1) or merge(*args)
+    try:
+        with _Counts() as counts:
+            out = simulate(q, k, v, 4, causal=True, sharding="contiguous", window_size=(2, -1))
+    finally:
+        ring_module.merge_attention_states = merge
     assert counts.launches["forward"] == 15
+    assert len(merges) == 7
     torch.testing.assert_close(out, attention_reference(q, k, v, None, True, window_size=(2, -1))[0])

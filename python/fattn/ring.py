@@ -299,25 +299,33 @@ def _add_at(dk, dv, lo: int, dk_part, dv_part) -> None:
 
 # ---------------------------------------------------------------- forward and backward
 
-def _accumulate(acc_out, acc_lse, rows, part_out, part_lse):
-    """Merges one partial into the fp32 accumulator rows, in place."""
-    outs = torch.stack([acc_out[:, rows], part_out.to(acc_out.dtype)])
-    lses = torch.stack([acc_lse[:, :, rows], part_lse.to(acc_lse.dtype)])
-    merged_out, merged_lse = merge_attention_states(outs, lses)
-    acc_out[:, rows] = merged_out
-    acc_lse[:, :, rows] = merged_lse
+class _Accumulator:
+    """A rank's running (out, lse) in lse's precision (fp32; float64 for float64 inputs): zero out
+    and lse -inf, or with sinks lse at each head's sink (a partial with no value and the sink's
+    weight, so that the merges count the sink once per row, not once per step)."""
 
+    def __init__(self, q, sinks=None):
+        acc_dtype = lse_dtype(q.dtype)
+        b, n, h, d = q.shape
+        self.out = torch.zeros(b, n, h, d, dtype=acc_dtype, device=q.device)
+        self.lse = torch.full((b, h, n), float("-inf"), dtype=acc_dtype, device=q.device)
+        if sinks is not None:
+            self.lse.copy_(sinks.to(acc_dtype)[None, :, None].expand(b, h, n))
+        # Row ranges that hold a partial already. Merging into an empty row (out 0, lse -inf) gives
+        # the partial itself, so a piece whose rows are all empty is copied in: no stacked copies
+        # of the rows and no merge. Sinks make no row empty.
+        self.filled = [] if sinks is None else [(0, n)]
 
-def _new_accumulator(q, sinks=None):
-    """Zero out and lse -inf; with sinks, lse starts at each head's sink: a partial with no value
-    and the sink's weight, so the merges count the sink once per row, not once per step."""
-    acc_dtype = lse_dtype(q.dtype)  # accumulate in lse's precision: fp32, float64 for float64 inputs
-    b, n, h, d = q.shape
-    out = torch.zeros(b, n, h, d, dtype=acc_dtype, device=q.device)
-    lse = torch.full((b, h, n), float("-inf"), dtype=acc_dtype, device=q.device)
-    if sinks is not None:
-        lse.copy_(sinks.to(acc_dtype)[None, :, None].expand(b, h, n))
-    return out, lse
+    def add(self, rows: slice, part_out, part_lse) -> None:
+        """Merges one partial into rows `rows`, in place."""
+        if all(rows.stop <= lo or hi <= rows.start for lo, hi in self.filled):
+            self.out[:, rows] = part_out
+            self.lse[:, :, rows] = part_lse
+        else:
+            outs = torch.stack([self.out[:, rows], part_out.to(self.out.dtype)])
+            lses = torch.stack([self.lse[:, :, rows], part_lse.to(self.lse.dtype)])
+            self.out[:, rows], self.lse[:, :, rows] = merge_attention_states(outs, lses)
+        self.filled.append((rows.start, rows.stop))
 
 
 def _alibi_args(alibi_slopes, piece: _Piece) -> dict:
@@ -325,13 +333,13 @@ def _alibi_args(alibi_slopes, piece: _Piece) -> dict:
     return {} if alibi_slopes is None else dict(alibi_slopes=alibi_slopes, alibi_offset=piece.alibi_offset)
 
 
-def _forward_step(acc, q, block: _Block, pieces: list[_Piece], softmax_scale, softcap, alibi_slopes):
+def _forward_step(acc: _Accumulator, q, block: _Block, pieces: list[_Piece], softmax_scale, softcap, alibi_slopes):
     for piece in pieces:
         rows = block.local(piece)
         part_out, part_lse = _forward_op(
             q[:, piece.q_rows], block.k[:, rows], block.v[:, rows], softmax_scale, False, False,
             piece.window_left, piece.window_right, softcap, **_alibi_args(alibi_slopes, piece))
-        _accumulate(acc[0], acc[1], piece.q_rows, part_out, part_lse)
+        acc.add(piece.q_rows, part_out, part_lse)
 
 
 def _blocks_at(step, rank, world, behind, ahead, own, forward, backward):
@@ -360,7 +368,7 @@ def _post_hops(ring: _Ring, step, behind, ahead, spans, forward: _Block, backwar
 
 def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
     causal, softmax_scale, sharding, window, softcap, alibi_slopes = settings
-    acc = _new_accumulator(q, sinks)
+    acc = _Accumulator(q, sinks)
     alibi = alibi_slopes is not None
     behind, ahead = ring_schedule(ring.world, q.shape[1], causal, sharding, window)
     spans = _travel_spans(ring.world, q.shape[1], bool(causal), sharding, tuple(window), alibi)
@@ -371,8 +379,7 @@ def _ring_forward(q, k, v, sinks, ring: _Ring, settings):
             pieces = _plan(ring.rank, source, ring.world, q.shape[1], causal, sharding, window, alibi)
             _forward_step(acc, q, block, pieces, softmax_scale, softcap, alibi_slopes)
         forward, backward = _arrived(to_next, forward, next_lo), _arrived(to_prev, backward, prev_lo)
-    out, lse = acc
-    return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
+    return acc.out.to(q.dtype), acc.lse.to(lse_dtype(q.dtype))
 
 
 def _block_gradients(dout, dlse, q, block: _Block, out, lse, pieces, dq, settings, deterministic, acc_dtype):
@@ -528,7 +535,7 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
         raise ValueError(f"fattn.ring.simulate: k and v must have q's sequence length {q.shape[1]} (every rank "
                          f"holds matching q and k/v shards), got {k.shape[1]} and {v.shape[1]}")
     qs, ks, vs = ([shard(t, world, r, sharding) for r in range(world)] for t in (q, k, v))
-    accs = [_new_accumulator(qs[r], sinks) for r in range(world)]
+    accs = [_Accumulator(qs[r], sinks) for r in range(world)]
     behind, ahead = ring_schedule(world, qs[0].shape[1], causal, sharding, window_size)
     for step in range(max(behind, ahead) + 1):
         for r in range(world):
@@ -537,6 +544,6 @@ def simulate(q, k, v, world: int, causal=False, softmax_scale=None, sharding="zi
                                alibi_slopes is not None)
                 _forward_step(accs[r], qs[r], _Block(ks[source], vs[source]), pieces, softmax_scale, softcap,
                               alibi_slopes)
-    out = unshard([a[0].to(q.dtype) for a in accs], sharding)
-    lse = unshard([a[1] for a in accs], sharding, dim=2)
+    out = unshard([a.out.to(q.dtype) for a in accs], sharding)
+    lse = unshard([a.lse for a in accs], sharding, dim=2)
     return (out, lse.to(lse_dtype(q.dtype))) if return_lse else out

@@ -8,6 +8,8 @@
 #   default: the source package python/fattn (with a carried python/fattn/libfattn.so)
 #   FATTN_WHEEL=dist/fattn-...whl: pip-installs that wheel (--no-deps) into a scratch
 #   folder and tests it instead, proving a wheel built elsewhere works with this torch.
+#   tests on several GPUs: one pytest per GPU over its share of the test files (the two-GPU tests
+#   first, over all of them); GPU_SPLIT=0 runs one pytest over the whole suite instead.
 #   BENCH_PASSES (default "forward backward"): any of forward, backward (bench_attention.py,
 #   extra flags in BENCH_ARGS) and decode (bench_decode.py -> $OUT/decode.json, flags in DECODE_ARGS),
 #   e.g. BENCH_PASSES=decode scripts/gpu_check.sh bench
@@ -32,7 +34,46 @@ if [[ $what == tests || $what == all ]]; then
   torch_lib=$(python3 -c "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
   nm -D --defined-only "$torch_lib/libtorch_cpu.so" | awk '{print $3}' | grep -E '^(aoti_torch_|torch_)' \
     | sed 's/@.*//' | sort -u > "$OUT/torch_exports.txt"
-  python3 -m pytest tests -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  if (( gpus > 1 )) && [[ ${GPU_SPLIT:-1} != 0 ]]; then
+    # The suite takes over 5 minutes on one GPU: with several, the tests that need two GPUs run
+    # first over all of them, then one pytest per GPU: the last GPU takes the compute-sanitizer
+    # runs of test_hardening_gpu.py (over 3 minutes alone), the others the remaining files with GPU
+    # tests, dealt out largest first to the GPU with the fewest bytes of tests so far.
+    # gpu_tests.log holds each part's log in turn.
+    multi=(tests/test_multi_gpu.py tests/test_ring_gpu.py)
+    python3 -m pytest "${multi[@]}" -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/gpu_tests_multi.log" 2>&1
+    failed=$?
+    mapfile -t groups < <(python3 - "$gpus" "${multi[@]}" <<'PY'
+import sys
+from pathlib import Path
+gpus, skip = int(sys.argv[1]), set(sys.argv[2:])
+sanitizer = "tests/test_hardening_gpu.py"
+files = sorted((f for f in Path("tests").glob("test_*.py")
+                if str(f) not in skip | {sanitizer} and "mark.gpu" in f.read_text()), key=lambda f: -f.stat().st_size)
+groups, load = [[] for _ in range(gpus - 1)], [0] * (gpus - 1)
+for f in files:
+    i = load.index(min(load))
+    groups[i].append(str(f))
+    load[i] += f.stat().st_size
+print(*(" ".join(g) for g in groups + [[sanitizer]]), sep="\n")
+PY
+)
+    pids=()
+    for i in "${!groups[@]}"; do
+      CUDA_VISIBLE_DEVICES=$i python3 -m pytest ${groups[$i]} -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} \
+        > "$OUT/gpu_tests_gpu$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    for f in "$OUT/gpu_tests_multi.log" "$OUT"/gpu_tests_gpu*.log; do
+      echo "=== $(basename "$f")"; cat "$f"; rm "$f"
+    done > "$OUT/gpu_tests.log"
+    grep -E "^=== |(passed|failed|skipped|error).* in [0-9.]+s" "$OUT/gpu_tests.log"
+    (( failed == 0 )) || echo "gpu_check: GPU tests failed (see $OUT/gpu_tests.log)"
+  else
+    python3 -m pytest tests -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
+  fi
 fi
 if [[ $what == bench || $what == all ]]; then
   for pass in ${BENCH_PASSES:-forward backward}; do

@@ -276,3 +276,37 @@ def test_skipped_steps_launch_nothing():
     assert counts.launches["forward"] == 15
     assert len(merges) == 7
     torch.testing.assert_close(out, attention_reference(q, k, v, None, True, window_size=(2, -1))[0])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
+def test_each_hop_holds_every_row_its_ranks_use(world):
+    # What a hop carries (fattn.ring._travel_spans) against what the pieces read: at every step
+    # each rank's pieces of a travelling block read K/V rows inside the rows that block holds
+    # there, and each hop's rows lie inside the previous hop's (a rank forwards a slice of what it
+    # received). Shards of 6 to 24 rows, both shardings, causal and not, windows one- and
+    # two-sided, shorter and longer than a chunk, with and without ALiBi's per-chunk plans.
+    windows = [(-1, -1), (0, 0), (1, 1), (2, -1), (4, -1), (7, -1), (13, -1), (2, 7), (-1, 3), (5, 2), (30, 30),
+               (0, 40)]
+    for local_len in (6, 8, 12, 24):
+        for sharding in ("zigzag", "contiguous"):
+            for causal in (False, True):
+                for window in windows:
+                    for alibi in (False, True):
+                        behind, ahead = ring_schedule(world, local_len, causal, sharding, window)
+                        spans = ring_module._travel_spans(world, local_len, causal, sharding, window, alibi)
+                        what = f"world {world} len {local_len} {sharding} causal={causal} window={window} alibi={alibi}"
+                        assert set(spans) == {(1, h) for h in range(1, behind + 1)} | \
+                            {(-1, h) for h in range(1, ahead + 1)}, what
+                        for (direction, hop), (lo, hi) in spans.items():
+                            assert 0 <= lo < hi <= local_len, what
+                            if hop > 1:
+                                before = spans[direction, hop - 1]
+                                assert before[0] <= lo and hi <= before[1], f"{what}: hop {hop} not nested"
+                        for rank in range(world):
+                            for step in range(max(behind, ahead) + 1):
+                                for source, direction, _ in _blocks_at(step, rank, world, behind, ahead,
+                                                                       None, None, None):
+                                    lo, hi = spans[direction, step] if direction else (0, local_len)
+                                    for p in _plan(rank, source, world, local_len, causal, sharding, window, alibi):
+                                        assert lo <= p.kv_rows.start and p.kv_rows.stop <= hi, \
+                                            f"{what}: rank {rank} step {step} reads {p.kv_rows} outside {(lo, hi)}"

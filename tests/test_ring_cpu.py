@@ -257,13 +257,11 @@ def test_ring_schedule_ends_where_the_window_ends(world, sharding, causal, windo
 
 
 def test_skipped_steps_launch_nothing():
-    # Contiguous, causal window of 2 over chunks of 3, world 4: rank r computes its own block in
-    # three pieces (both chunks, and the second chunk's first two rows against the first chunk's
-    # last keys) and, but for rank 0, one piece of rank r - 1's last chunk at step 1: 15 launches
-    # in 2 steps (a one-way ring of all 4 would not add any).
-    # A piece whose rows hold no partial yet is copied in, not merged: of those 15, the second
-    # chunk's full piece (rows 3-5 met rows 3-4 before) and, but for rank 0, the step-1 piece
-    # (rows 0-1) merge: 7 merges.
+    # Contiguous, causal window of 2 over 6-row shards, world 4: rank r computes its own shard in
+    # one piece (a contiguous shard is one run of positions) and, but for rank 0, at step 1 its
+    # first two rows against rank r - 1's last two keys: 7 launches in 2 steps (a one-way ring of
+    # all 4 would not add any). A piece whose rows hold no partial yet is copied in, not merged:
+    # only the step-1 pieces merge, 3 of them.
     q, k, v, _, _ = _full_problem()
     merges = []
     merge = ring_module.merge_attention_states
@@ -273,9 +271,24 @@ def test_skipped_steps_launch_nothing():
             out = simulate(q, k, v, 4, causal=True, sharding="contiguous", window_size=(2, -1))
     finally:
         ring_module.merge_attention_states = merge
-    assert counts.launches["forward"] == 15
-    assert len(merges) == 7
+    assert counts.launches["forward"] == 7
+    assert len(merges) == 3
     torch.testing.assert_close(out, attention_reference(q, k, v, None, True, window_size=(2, -1))[0])
+
+
+@pytest.mark.parametrize("causal, window", [(True, (2, -1)), (False, (2, 7)), (True, (7, -1)), (False, (0, 0))])
+@pytest.mark.parametrize("world", [2, 3])
+def test_odd_contiguous_shards_under_a_window(world, causal, window):
+    # Contiguous shards of an odd length (5 rows): the window's pieces take each shard whole,
+    # where halving it into two chunks would drop its last row.
+    q, k, v, _, _ = _full_problem(seed=world, seqlen=5 * world)
+    slopes = torch.rand(HEADS, dtype=torch.float32) * 0.5 + 0.05
+    for alibi in (None, slopes):
+        out, lse = simulate(q, k, v, world, causal=causal, sharding="contiguous", return_lse=True,
+                            window_size=window, alibi_slopes=alibi)
+        want_out, want_lse = attention_reference(q, k, v, None, causal, window_size=window, alibi_slopes=alibi)
+        torch.testing.assert_close(out, want_out)
+        torch.testing.assert_close(lse, want_lse)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])

@@ -49,14 +49,18 @@ def _check_world(fn: str, world) -> None:
 
 
 def shard(x: torch.Tensor, world: int, rank: int, sharding: str = "zigzag", dim: int = 1) -> torch.Tensor:
-    """The shard of the full sequence `x` (sequence along `dim`) that `rank` holds."""
+    """The shard of the full sequence `x` (sequence along `dim`) that `rank` holds: zigzag needs
+    the length divisible by 2 * world, contiguous by world."""
     _check_sharding(sharding)
     _check_world("fattn.ring.shard", world)
     if not 0 <= rank < world:
         raise ValueError(f"fattn.ring.shard: rank {rank} is not in [0, world = {world})")
-    if x.shape[dim] % (2 * world):
+    parts = 2 * world if sharding == "zigzag" else world  # a contiguous shard is one run, of any length
+    if x.shape[dim] % parts:
         raise ValueError(f"fattn.ring.shard: sequence length {x.shape[dim]} is not divisible by "
-                         f"2 * world = {2 * world}")
+                         + (f"2 * world = {parts}" if sharding == "zigzag" else f"world = {parts}"))
+    if sharding == "contiguous":
+        return x.chunk(world, dim=dim)[rank]
     chunks = x.chunk(2 * world, dim=dim)
     a, b = _chunks_of_rank(rank, world, sharding)
     return torch.cat([chunks[a], chunks[b]], dim=dim)
@@ -66,6 +70,8 @@ def unshard(shards: list[torch.Tensor], sharding: str = "zigzag", dim: int = 1) 
     """The full sequence from the shards of every rank, in rank order."""
     _check_sharding(sharding)
     world = len(shards)
+    if sharding == "contiguous":
+        return torch.cat(shards, dim=dim)
     chunks: list[torch.Tensor | None] = [None] * (2 * world)
     for rank, s in enumerate(shards):
         first, second = s.chunk(2, dim=dim)
@@ -126,22 +132,34 @@ def _plan(rank: int, source: int, world: int, local_len: int, causal: bool, shar
     return [_Piece(slice(half, local_len), everything)]
 
 
-def _chunk_plan(rank, source, world, local_len, sharding, window) -> list[_Piece]:
-    """One piece per (q chunk, K/V chunk) pair that shares a visible position: the plan of sliding
-    windows across shards, and of ALiBi. Both chunks are `size` rows long; with the q chunk `d`
-    positions after the K/V chunk, query i sees key j iff d - left <= j - i <= d + right. The
-    kernel's window only bounds j - i by -left <= j - i <= right with left, right >= 0 (or
-    unbounded), so a pair whose band lies wholly right (or left) of j = i is cut down to the rows
-    and keys that can meet, which moves the band back onto the diagonal. ALiBi's distance is
-    global query position minus global key position; the kernel computes i + len_k - len_q +
-    alibi_offset - j over the piece's own positions, which fixes the offset."""
+def _runs_of_rank(rank: int, world: int, local_len: int, sharding: str) -> list[tuple[int, int]]:
+    """(first global position, first local row) of each run of consecutive positions a shard
+    holds, every run `local_len // len(runs)` rows: a zigzag shard's two chunks, or a contiguous
+    shard whole (whatever its length, odd ones too)."""
+    if sharding == "contiguous":
+        return [(rank * local_len, 0)]
     size = local_len // 2
+    return [(chunk * size, half * size) for half, chunk in enumerate(_chunks_of_rank(rank, world, sharding))]
+
+
+def _chunk_plan(rank, source, world, local_len, sharding, window) -> list[_Piece]:
+    """One piece per (q run, K/V run) pair that shares a visible position (_runs_of_rank: a
+    zigzag shard's two chunks, a contiguous shard whole): the plan of sliding windows across
+    shards, and of ALiBi. Both runs are `size` rows long; with the q run `d` positions after the
+    K/V run, query i sees key j iff d - left <= j - i <= d + right. The kernel's window only
+    bounds j - i by -left <= j - i <= right with left, right >= 0 (or unbounded), so a pair whose
+    band lies wholly right (or left) of j = i is cut down to the rows and keys that can meet,
+    which moves the band back onto the diagonal. ALiBi's distance is global query position minus
+    global key position; the kernel computes i + len_k - len_q + alibi_offset - j over the
+    piece's own positions, which fixes the offset."""
+    q_runs, kv_runs = _runs_of_rank(rank, world, local_len, sharding), _runs_of_rank(source, world, local_len, sharding)
+    size = local_len // len(q_runs)
     left, right = window
     pieces = []
-    for q_half, q_chunk in enumerate(_chunks_of_rank(rank, world, sharding)):
-        for kv_half, kv_chunk in enumerate(_chunks_of_rank(source, world, sharding)):
-            d = (q_chunk - kv_chunk) * size
-            # The band of j - i, None where unbounded; bounds past the chunk bound nothing.
+    for q_start, q_off in q_runs:
+        for kv_start, kv_off in kv_runs:
+            d = q_start - kv_start
+            # The band of j - i, None where unbounded; bounds past the run bound nothing.
             lo = d - left if left >= 0 and d - left > -size else None
             hi = d + right if right >= 0 and d + right < size else None
             if (lo is not None and lo >= size) or (hi is not None and hi <= -size) or \
@@ -154,8 +172,7 @@ def _chunk_plan(rank, source, world, local_len, sharding, window) -> list[_Piece
             elif hi is not None and hi < 0:  # rows [-hi, size) meet keys [0, size + hi)
                 rows, keys = (-hi, size), (0, size + hi)
                 lo, hi = None if lo is None else lo + rows[0], 0
-            q_off, kv_off = q_half * size, kv_half * size
-            distance = (q_chunk * size + rows[0]) - (kv_chunk * size + keys[0])  # of the first row and key
+            distance = (q_start + rows[0]) - (kv_start + keys[0])  # of the first row and key
             alibi_offset = distance - ((keys[1] - keys[0]) - (rows[1] - rows[0]))
             pieces.append(_Piece(slice(q_off + rows[0], q_off + rows[1]), slice(kv_off + keys[0], kv_off + keys[1]),
                                  -1 if lo is None else -lo, -1 if hi is None else hi, alibi_offset))

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root with a library built elsewhere:
 # GPU tests, then optional benchmarks. Results go to $OUT (or ./gpu_out).
-# Usage: scripts/gpu_check.sh [tests|bench|all|ring]
+# Usage: scripts/gpu_check.sh [tests|bench|all|ring|bars]
+#   bars: the Hopper speed bars (benchmarks/check_bars.py) from a forward and a backward run of
+#   benchmarks/bench_attention.py with every peer, the two on separate GPUs where there are two.
 #   ring: on a machine of several GPUs, the multi-GPU tests (device guard, NCCL ring with every
 #   variant, ALiBi's offsets) and benchmarks/bench_ring.py over every GPU, full causal and a 4k
 #   window at RING_TOKENS (default 32768) tokens per GPU -> $OUT/ring.json.
@@ -83,6 +85,22 @@ if [[ $what == bench || $what == all ]]; then
       python3 benchmarks/bench_attention.py --pass $pass --out "$OUT/$pass.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_$pass.log"
     fi
   done
+fi
+if [[ $what == bars ]]; then
+  # The Hopper speed bars: forward and backward over head dims 64, 128 and 256 with every peer
+  # (FlexAttention's compiles make each pass minutes long), on two GPUs at once where there are
+  # two, then benchmarks/check_bars.py over both runs -> $OUT/bars.log.
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  pids=()
+  for pass in forward backward; do
+    gpu=0; [[ $pass == backward ]] && (( gpus > 1 )) && gpu=1
+    CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/bench_attention.py --pass $pass --head-dims 64,128,256 \
+      --out "$OUT/$pass.json" ${BENCH_ARGS:-} > "$OUT/bench_$pass.log" 2>&1 &
+    pids+=($!)
+    (( gpus > 1 )) || wait "${pids[-1]}"
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  python3 benchmarks/check_bars.py "$OUT/forward.json" "$OUT/backward.json" 2>&1 | tee "$OUT/bars.log"
 fi
 if [[ $what == ring ]]; then
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")

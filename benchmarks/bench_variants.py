@@ -41,7 +41,8 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Results, int_list, print_table, require_device, sdpa_peers, short_error, time_ms  # noqa: E402
+from common import (Results, alibi_slopes, int_list, print_table, require_device, sdpa_peers,  # noqa: E402
+                    short_error, time_ms)
 
 import fattn  # noqa: E402
 
@@ -60,10 +61,6 @@ def timed(fn, direction, inputs):
     out = fn(*leaves)
     dout = torch.randn_like(out)
     return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
-
-
-def alibi_slopes(heads, device):
-    return 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device, dtype=torch.float32) / heads)
 
 
 class Flex:

@@ -249,6 +249,11 @@ def sdpa_peers(device: str) -> dict:
     return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
+def alibi_slopes(heads: int, device) -> torch.Tensor:
+    """ALiBi's standard slopes for `heads` heads, 2**(-8 (h + 1) / heads), float32."""
+    return 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device, dtype=torch.float32) / heads)
+
+
 def short_error(e: BaseException, limit: int = 500) -> str:
     return f"{type(e).__name__}: {e}".replace("\n", " ")[:limit]
 

@@ -18,12 +18,13 @@ with the tiles the working tree's grid builds for the bucket and score modificat
 and --alibi take the SCORE_MOD 1 variants; a head dim or flag it builds none for is refused
 before anything runs). Shapes: bf16, hidden 2048, 16k tokens (batch = 16384 / seqlen), --group
 query heads per KV head, each seqlen causal and not; lse and delta from the plain forward (both
-sides get the same, so the comparison holds whatever the variant). Each row: TFLOP/s of both (products counted: forward 2, dK/dV 4 or 5
-with dQ, dQ 3), the speedup (base time / tree time), and per output whether it is bitwise equal
-and the largest absolute difference. dQ accumulated by bulk reductions (--accumulate-dq) adds in
-an order that varies between runs, so it need not be bitwise equal even against itself. The two
-alternate --pairs times, each sample the median of 10 calls, the figure the median over the
-samples; rows are written to --out as they come. Needs a Hopper GPU (the kernels are sm_90a code).
+sides get the same, so the comparison holds whatever the variant). Each row: TFLOP/s of both
+(products counted: forward 2, dK/dV 4 or 5 with dQ, dQ 3), the speedup (base time / tree time),
+and per output whether it is bitwise equal and the largest absolute difference. dQ accumulated
+by bulk reductions (--accumulate-dq) adds in an order that varies between runs, so it need not
+be bitwise equal even against itself. The two alternate --pairs times, each sample the median
+of 10 calls, the figure the median over the samples; rows are written to --out as they come.
+Needs a Hopper GPU (the kernels are sm_90a code).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import triton_src  # noqa: E402
 import triton_src.python_launch  # noqa: E402,F401  (the tree's side: triton_src.python_launch)
 from aot_build.tune import Problem  # noqa: E402
 from aot_build import grid  # noqa: E402
-from common import int_list, interleaved_ms, write_ab_rows  # noqa: E402
+from common import alibi_slopes, int_list, interleaved_ms, write_ab_rows  # noqa: E402
 
 PACKAGE = "triton_src_base"
 # Products of each kernel in units of the forward's two (QK^T and PV).
@@ -118,11 +119,6 @@ def grid_tiles(kernel: str, head_dim: int, score_mod: int, accumulate_dq: bool) 
                      f"SCORE_MOD {score_mod}" + (f" and ACCUMULATE_DQ {accumulate_dq}" if kernel == "dkdv" else ""))
 
 
-def alibi_slopes(heads: int) -> torch.Tensor:
-    """ALiBi's slopes for `heads` heads (2**(-8 (h + 1) / heads)), float32 on the GPU."""
-    return torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)], dtype=torch.float32, device="cuda")
-
-
 def kernel_call(side, kernel: str, p, tiles, causal: bool, softcap: float, accumulate_dq: bool,
                 programs: int | None, alibi: torch.Tensor | None = None):
     """A callable launching `kernel` as `side` (triton_src or the base package) has it. The spec
@@ -154,8 +150,8 @@ def compare(a, b, names) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD), or a tar of its triton_src "
-                        "from `git archive` (a name ending in .tar)")
+    parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD), "
+                        "or a tar of its triton_src from `git archive` (a name ending in .tar)")
     parser.add_argument("--kernel", choices=("forward", "dkdv", "dq"), default="dkdv")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,4096,16384")
@@ -187,6 +183,7 @@ def main(argv=None) -> int:
         base = load_revision(args.base, Path(directory))
         for d in head_dims:
             heads = 2048 // d
+            slopes = alibi_slopes(heads, "cuda") if args.alibi else None
             for seqlen in int_list(args.seqlens):
                 for causal in (False, True):
                     p = Problem(16384 // seqlen, seqlen, heads, heads // args.group, d, causal)
@@ -198,7 +195,6 @@ def main(argv=None) -> int:
                                                                          p.q.shape[0] * heads, causal, sms)
                     if args.kernel == "dkdv":
                         flags["accumulate_dq"] = args.accumulate_dq
-                    slopes = alibi_slopes(heads) if args.alibi else None
                     calls = {name: kernel_call(side, args.kernel, p, tiles[d], causal, args.softcap,
                                                args.accumulate_dq, flags.get("programs"), slopes)
                              for name, side in (("base", base), ("tree", triton_src))}

@@ -55,10 +55,10 @@ def shard(x: torch.Tensor, world: int, rank: int, sharding: str = "zigzag", dim:
     _check_world("fattn.ring.shard", world)
     if not 0 <= rank < world:
         raise ValueError(f"fattn.ring.shard: rank {rank} is not in [0, world = {world})")
-    parts = 2 * world if sharding == "zigzag" else world  # a contiguous shard is one run, of any length
+    # A zigzag shard is two equal chunks; a contiguous one is one run, of any length.
+    parts, name = (2 * world, "2 * world") if sharding == "zigzag" else (world, "world")
     if x.shape[dim] % parts:
-        raise ValueError(f"fattn.ring.shard: sequence length {x.shape[dim]} is not divisible by "
-                         + (f"2 * world = {parts}" if sharding == "zigzag" else f"world = {parts}"))
+        raise ValueError(f"fattn.ring.shard: sequence length {x.shape[dim]} is not divisible by {name} = {parts}")
     if sharding == "contiguous":
         return x.chunk(world, dim=dim)[rank]
     chunks = x.chunk(2 * world, dim=dim)

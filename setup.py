@@ -237,7 +237,7 @@ def summary(kernels, stats, num_sources, compiled, tool, library, seconds):
     from build_support import elf
 
     archs = sorted({k["arch"] for k in kernels["kernels"]})
-    buckets = sorted({k["constants"]["BLOCK_D"] for k in kernels["kernels"]})
+    buckets = sorted({k["constants"]["BLOCK_D"] for k in kernels["kernels"] if "BLOCK_D" in k["constants"]})
     needed, _ = elf.dependencies(library)
     say(f"fattn: built in {seconds:.0f}s: {len(kernels['kernels'])} kernel variants for "
         f"{', '.join(f'sm_{a}' for a in archs)}, head-dim buckets {buckets} ({stats['compiled']} compiled, "

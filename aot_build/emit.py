@@ -122,7 +122,7 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
         params = param_sets[tuple(name for name, _ in row["params"])]
         lines.append(
             f"  {{{_c_string(row['kernel'])}, {ids[row['kernel']]}, {row['arch']}, DType::{_DTYPES[row['dtype']]}, "
-            f"{row['constants']['BLOCK_D']}, {launchers.flags_key(kcfg, row['constants'])}u, "
+            f"{row['constants'].get('BLOCK_D', 0)}, {launchers.flags_key(kcfg, row['constants'])}u, "
             f"kConstants{i}, {len(row['constants'])}, {params}, {len(row['params'])}, "
             f"{row['num_warps']}, {row['num_stages']}, {row['shared']}, "
             f"{row['global_scratch_size']}, {row['global_scratch_align']}, {row['profile_scratch_size']}, "

@@ -112,7 +112,11 @@ def ptx_archs(archs: list[int], env: dict | None = None) -> list[int]:
 
 
 def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
+    """The head-dim buckets to build: all, or those serving FATTN_HEAD_DIMS. A kernel that lists
+    no buckets does not depend on the head dim: it is built once, as bucket 0, without BLOCK_D."""
     env = os.environ if env is None else env
+    if "head_dim_buckets" not in kernel_cfg:
+        return [0]
     buckets = kernel_cfg["head_dim_buckets"]
     text = env.get("FATTN_HEAD_DIMS")
     if not text or text.strip().lower() == "all":
@@ -204,7 +208,9 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
                     tile = _tile_config(f"{kernel} ({impl['kernel']})", impl, arch, bucket)
                 num_warps = tile.pop("num_warps")
                 num_stages = tile.pop("num_stages")
-                constants = dict(tile, BLOCK_D=bucket, **flags)
+                constants = dict(tile, **flags)
+                if "head_dim_buckets" in kcfg:
+                    constants["BLOCK_D"] = bucket
                 variants.append(Variant(kernel, impl["source"] if impl else kcfg["source"], arch, dtype,
                                         tuple(sorted(constants.items())), num_warps, num_stages,
                                         impl["kernel"] if impl else ""))

@@ -124,8 +124,9 @@ def header(config: dict, specs: dict, constants_by_kernel: dict[str, list[str]])
 
 
 def constant_names(config: dict, kernel: str) -> list[str]:
-    """The constexpr names every variant of `kernel` carries (tile keys, BLOCK_D, flags), sorted:
-    grid.expand builds each variant's constants from exactly these."""
+    """The constexpr names every variant of `kernel` carries (tile keys, BLOCK_D unless the kernel
+    has no head-dim buckets, flags), sorted: grid.expand builds each variant's constants from
+    exactly these."""
     kcfg = config["kernels"][kernel]
     tile_keys: set[str] | None = None
     tables = [kcfg["configs"]] + [impl["configs"] for impl in kcfg.get("implementations", [])]
@@ -136,4 +137,5 @@ def constant_names(config: dict, kernel: str) -> list[str]:
                 raise ValueError(f"configs.json: {kernel}'s tile configs set different constants "
                                  f"({sorted(tile_keys)} vs {sorted(keys)}); every variant needs the same")
             tile_keys = keys
-    return sorted((tile_keys or set()) | {"BLOCK_D"} | set(kcfg["flags"]))
+    head_dim = {"BLOCK_D"} if "head_dim_buckets" in kcfg else set()
+    return sorted((tile_keys or set()) | head_dim | set(kcfg["flags"]))

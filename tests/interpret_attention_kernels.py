@@ -70,6 +70,15 @@ CASES = [
     ("alibi-offset-positive-softcap", 37, 29, 2, 1, 24, False, (-1, -1), 2.0, "offset+300"),
     ("segments-causal", 50, 50, 4, 2, 16, True, (-1, -1), 0.0, "segments"),
     ("segments-window-softcap-sq-below-sk", 37, 58, 2, 2, 24, False, (9, 3), 2.0, "segments"),
+    # Three documents, long enough for tiles of one id, whose keys' run is left unmasked.
+    ("segments-long-documents-gqa2", 97, 80, 4, 2, 16, False, (-1, -1), 0.0, "segments-long"),
+    # Runs of ids that go up and down, so that a tile's span (first to last key in its ids'
+    # range) holds other runs too; with seqlen_q > seqlen_k some query ids have no key.
+    ("segments-unsorted-gqa2", 61, 45, 4, 2, 16, False, (-1, -1), 0.0, "segments-unsorted"),
+    ("segments-unsorted-causal-softcap", 50, 64, 2, 2, 16, True, (-1, -1), 1.5, "segments-unsorted"),
+    # Documents on tile boundaries, the second one's q, k, v and dout all NaN: the first
+    # document's results must not see them, which holds only if its tiles skip the second's.
+    ("segments-other-document-poisoned", 64, 64, 4, 2, 16, False, (-1, -1), 0.0, "segments-poisoned"),
     ("sinks-causal-sq-above-sk-gqa2", 53, 37, 4, 2, 16, True, (-1, -1), 0.0, "sinks"),
     ("sinks-window-softcap", 45, 61, 2, 2, 16, False, (5, 3), 1.5, "sinks"),
     ("bias-heads-broadcast-causal", 41, 53, 4, 2, 16, True, (-1, -1), 0.0, "bias"),
@@ -89,7 +98,9 @@ PACKED_CASES = [
 
 
 def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window, softcap, alibi_kind):
-    """alibi_kind "segments" gives segment ids instead: random cuts, shared by q and k's ends;
+    """alibi_kind "segments" gives segment ids instead: random cuts, shared by q and k's ends
+    ("segments-long": two cuts; "segments-unsorted": each run labelled at random; "segments-poisoned": two documents cut at
+    a tile boundary, the second's inputs NaN, compared on the first alone);
     "sinks" gives sinks; "bias" a [batch, 1, seqlen_q, seqlen_k] bias with -inf entries and a row
     all -inf ("bias-alibi" with ALiBi slopes too); "dropout" dropout 0.3 ("bias-dropout" both)."""
     batch = 2
@@ -109,11 +120,20 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     if alibi_kind == "sinks":
         sinks = torch.randn(heads)
         alibi_kind = None
-    if alibi_kind == "segments":
+    poisoned = alibi_kind == "segments-poisoned"
+    if alibi_kind in ("segments", "segments-long", "segments-unsorted"):
         longest = max(seqlen_q, seqlen_k)
-        cuts = torch.randint(0, longest, (batch, 3))
-        ids = (torch.arange(longest)[None, :, None] >= cuts[:, None, :]).sum(-1).int()
+        cuts = torch.randint(0, longest, (batch, {"segments": 3, "segments-long": 2}.get(alibi_kind, 6)))
+        ids = (torch.arange(longest)[None, :, None] >= cuts[:, None, :]).sum(-1)
+        if alibi_kind == "segments-unsorted":
+            ids = torch.randint(0, 4, (batch, cuts.shape[1] + 1)).gather(1, ids)
+        ids = ids.int()
         segments = (ids[:, longest - seqlen_q:].contiguous(), ids[:, longest - seqlen_k:].contiguous())
+        alibi_kind = None
+    if poisoned:
+        first_length = torch.tensor([2, 1])[:, None] * TILES.block_m
+        ids = torch.where(torch.arange(seqlen_q)[None, :] < first_length, 5, 9).int()
+        segments = (ids, ids.clone())
         alibi_kind = None
     q = torch.randn(batch, seqlen_q, heads, head_dim)
     k = torch.randn(batch, seqlen_k, kv_heads, head_dim)
@@ -129,8 +149,17 @@ def run_case(name, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, window
     *want, want_dbias = torch.ops.fattn.backward(dout.double(), q.double(), k.double(), v.double(), want_out,
                                                  want_lse, dlse.double().masked_fill(~finite, 0), None, *options,
                                                  bias64, bias is not None, dropout_p, dropout_seed, alibi_offset)
-    got = launch(q, k, v, dout, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments,
+    inputs = (q, k, v, dout)
+    if poisoned:
+        second = (segments[0] == 9)[:, :, None, None]
+        inputs = tuple(t.masked_fill(second, float("nan")) for t in inputs)
+    got = launch(*inputs, dlse.masked_fill(~finite, 0), causal, window, softcap, alibi, segments=segments,
                  sinks=sinks, bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed, alibi_offset=alibi_offset)
+    if poisoned:  # the second document's own results are NaN: take the reference's there
+        first = (segments[0] == 5)[:, :, None, None]
+        want_all = (want_out, want_lse, *want)
+        keep = (first, first[..., 0].transpose(1, 2), first, first, first)
+        got = tuple(torch.where(m, g.double(), w) for g, w, m in zip(got, want_all, keep))
     row = compare(name, got[:5], want_out, want_lse, want)
     if bias is not None:
         row["dbias_err"] = (got[5].double() - want_dbias).abs().max().item()

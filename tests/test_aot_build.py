@@ -24,7 +24,8 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     expected = 0
     for name, kcfg in config["kernels"].items():
         per_kernel = 0
-        for arch, bucket, *flags in itertools.product([75, 80, 86, 90], kcfg["head_dim_buckets"],
+        # A kernel without head-dim buckets is built once per arch and dtype, as bucket 0.
+        for arch, bucket, *flags in itertools.product([75, 80, 86, 90], kcfg.get("head_dim_buckets", [0]),
                                                       *kcfg["flags"].values()):
             flags = dict(zip(kcfg["flags"], flags))
             left_out = any(arch in e.get("archs", [arch]) and bucket in e.get("buckets", [bucket])
@@ -41,19 +42,26 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     # chooser falls back to it: common/kernel_choice.h); the small ones both.
     large = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq", "attn_decode_split"}
     assert {v.constant_dict["PAD_D"] for v in variants if v.kernel in large} == {True}
-    assert {v.constant_dict["PAD_D"] for v in variants if v.kernel not in large} == {False, True}
+    bucketed = [v for v in variants if v.kernel not in large and v.kernel != "segment_spans"]
+    assert {v.constant_dict["PAD_D"] for v in bucketed} == {False, True}
+    # segment_spans reads int32 ids alone: no head dim, one variant per arch.
+    spans = [v for v in variants if v.kernel == "segment_spans"]
+    assert len(spans) == 4 and all("BLOCK_D" not in v.constant_dict for v in spans)
     assert len(grid.expand(env={"FATTN_CUDA_ARCHS": "all"})) > len(variants)  # all adds sm_89
     assert {v.arch for v in variants} == {75, 80, 86, 90}  # sm_89 runs sm_86's cubins
-    assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_merge",
-                                            "attn_decode_split", "attn_decode_merge", "kv_append", "rotate_queries"}
+    assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq",
+                                            "segment_spans", "attn_merge", "attn_decode_split", "attn_decode_merge",
+                                            "kv_append", "rotate_queries"}
     assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
 
 
 def test_knobs_narrow_the_grid():
     variants = grid.expand(env={"FATTN_CUDA_ARCHS": "80;sm_90", "FATTN_HEAD_DIMS": "80,64"})
     assert {v.arch for v in variants} == {80, 90}
-    # head dim 80 is served by the 128 bucket, 64 by its own.
-    assert {v.constant_dict["BLOCK_D"] for v in variants} == {64, 128}
+    # head dim 80 is served by the 128 bucket, 64 by its own; the head dims do not narrow a kernel
+    # without buckets.
+    assert {v.constant_dict.get("BLOCK_D") for v in variants} == {64, 128, None}
+    assert {v.arch for v in variants if v.kernel == "segment_spans"} == {80, 90}
 
 
 @pytest.mark.parametrize("env", [{"FATTN_CUDA_ARCHS": "70"}, {"FATTN_CUDA_ARCHS": "eighty"},
@@ -104,7 +112,7 @@ def test_every_arch_and_bucket_has_a_config():
     config = grid.load_config()
     for name, kcfg in config["kernels"].items():
         for arch in config["archs"]:
-            for bucket in kcfg["head_dim_buckets"]:
+            for bucket in grid.selected_buckets(kcfg, env={}):
                 tile = grid._tile_config(name, kcfg, arch, bucket)
                 assert tile["num_warps"] in (1, 2, 4, 8) and tile["num_stages"] >= 1
     assert config["shared_memory_limit"]["75"] == 64 * 1024

@@ -7,7 +7,8 @@ derivative, ALiBi (with its alibi_offset) and rows outside every window are chec
 device runs the compiled cubins (test_variants_gpu.py); and the packed (varlen) addressing:
 each program's sequence span, tiles past a short sequence's end, lse in [heads, total_q],
 seqused_k, and spare rows after the last sequence left untouched (test_varlen_gpu.py); and
-segment ids, which mask every tile; the additive bias (with -inf entries, rows masked
+segment ids, which mask every tile of the span each tile needs (a document's tiles skip the
+others', checked by making another document's inputs NaN); the additive bias (with -inf entries, rows masked
 entirely, dbias) and dropout, whose keep-mask the kernels and the CPU op draw from one seed."""
 
 from pathlib import Path
@@ -22,7 +23,8 @@ CASES = [
     "window3-20", "window1-1-gqa4", "window-right-only", "softcap", "alibi-heads-causal",
     "alibi-batch-window-softcap", "all-causal-window-sq-above-sk", "alibi-offset-negative-causal-window",
     "alibi-offset-positive-softcap",
-    "segments-causal", "segments-window-softcap-sq-below-sk", "sinks-causal-sq-above-sk-gqa2",
+    "segments-causal", "segments-window-softcap-sq-below-sk", "segments-long-documents-gqa2", "segments-unsorted-gqa2",
+    "segments-unsorted-causal-softcap", "segments-other-document-poisoned", "sinks-causal-sq-above-sk-gqa2",
     "sinks-window-softcap", "bias-heads-broadcast-causal", "bias-window-softcap-alibi", "dropout-gqa2",
     "dropout-bias-causal-window", "varlen-gqa2", "varlen-causal-q-and-k-differ",
     "varlen-window-softcap-alibi", "varlen-seqused-k-causal", "varlen-dropout-causal",

@@ -25,7 +25,8 @@ import triton.language as tl
 
 from .common import (
     LOG2E, alibi_slope_log2, bias_log2, dropout_keep, key_visible, lse_log2, mask_every_tile,
-    modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds, visible_key_range, visible_query_range,
+    modified_scores, segment_ids, segment_span, sequence_span, tile_at, tile_loop_bounds, visible_key_range,
+    visible_query_range,
 )
 from .spec import (
     KernelSpec, Param, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view,
@@ -152,7 +153,7 @@ def attn_bwd_dkdv(
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
-    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     DBias, stride_dbiasb, stride_dbiash, stride_dbiasq, write_dbias,
@@ -163,6 +164,7 @@ def attn_bwd_dkdv(
     """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch). Bias and dropout as in attn_fwd; with
     write_dbias != 0, dS (the bias's gradient, unreduced) goes to DBias, float32 [batch, heads,
     seqlen_q, seqlen_k] (keys contiguous), which the op zero-fills: pairs no query tile visits stay 0.
+    Segment ids as in attn_fwd, with SegmentSpans per key tile of BLOCK_N (the queries it needs).
 
     ACCUMULATE_DQ is the contract's deterministic=False form: the kernel also adds each tile
     pair's dQ (softmax_scale * dS K) into DQAccum, float32 laid out like Q and zeroed by the op,
@@ -199,7 +201,9 @@ def attn_bwd_dkdv(
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_segments | use_bias)
+    lo, full_lo, full_hi, hi = segment_span(SegmentSpans + batch * stride_spanb, start_n, seqlen_k, lo, full_lo,
+                                            full_hi, hi, use_segments, BLOCK_N, BLOCK_M)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_bias)
     kv_seg = segment_ids(KvSegmentIds + batch * stride_kvsegb, offs_n, seqlen_k, use_segments)
     q_seg_base = QSegmentIds + batch * stride_qsegb
     for g in range(0, kv_group_size):
@@ -287,13 +291,14 @@ def attn_bwd_dq(
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
-    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
-    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias and dropout as in attn_fwd."""
+    """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias, dropout and segment ids (SegmentSpans
+    per query tile of BLOCK_M) as in attn_fwd."""
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -327,7 +332,9 @@ def attn_bwd_dq(
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments | use_bias)
+    lo, full_lo, full_hi, hi = segment_span(SegmentSpans + batch * stride_spanb, pid_m * BLOCK_M, seqlen_q, lo,
+                                            full_lo, full_hi, hi, use_segments, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_bias)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head * stride_biash
@@ -352,7 +359,7 @@ _SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim"
           i32("window_left"), i32("window_right"),
           slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"), i32("alibi_offset"),
           index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
-          i32("use_segments"),
+          i32("use_segments"), index_tensor("SegmentSpans"), i64("stride_spanb"),
           f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale"),
           view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
           seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale")]

@@ -169,7 +169,7 @@ def attn_bwd_dq_sm90(
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
-    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
@@ -195,7 +195,8 @@ def attn_bwd_dq_sm90(
     pid = gl.program_id(0)
     start_m = gl.where(window_right >= 0, gl.num_programs(0) - 1 - pid, pid) * BLOCK_M
     lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                       use_segments, BLOCK_M, BLOCK_N)
+                                                       use_segments, SegmentSpans + batch * stride_spanb,
+                                                       BLOCK_M, BLOCK_N)
 
     swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
     tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)

@@ -43,8 +43,8 @@ from triton._C.libtriton import ir
 
 from .backward import ATTN_BWD_DKDV
 from .common import (
-    key_visible, lse_log2, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds,
-    visible_query_range,
+    key_visible, lse_log2, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
+    tile_loop_bounds, visible_query_range,
 )
 from .spec import KernelSpec
 
@@ -58,14 +58,16 @@ PRODUCER_WARPS = gl.constexpr(4)
 
 
 @gluon.jit
-def _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right, every_tile,
+def _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """attn_bwd_dkdv's query tiles for the key tile at start_n as one sequence: (lo, full_lo,
     full_hi, n_full, n_tiles). Tile i < n_full starts at row full_lo + i * BLOCK_M and needs no
-    mask; the others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start)."""
+    mask; the others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start).
+    Segment ids as common.segment_span says, from the key tile's span at span_base."""
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, every_tile)
+    lo, full_lo, full_hi, hi = segment_span(span_base, start_n, seqlen_k, lo, full_lo, full_hi, hi, use_segments,
+                                            BLOCK_N, BLOCK_M)
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_M, True)
     n_full = (full_hi - full_lo) // BLOCK_M
     return lo, full_lo, full_hi, n_full, n_full + (stop - start) // BLOCK_M
@@ -378,7 +380,7 @@ def attn_bwd_dkdv_sm90(
     stride_lseb, stride_lseh, CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
-    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, softmax_scale,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     DBias, stride_dbiasb, stride_dbiash, stride_dbiasq, write_dbias,
@@ -457,7 +459,8 @@ def attn_bwd_dkdv_sm90(
         mbarrier.init(empty.index(b), count=2)  # one arrival per consumer warpgroup
 
     lo, full_lo, full_hi, n_full, n_tiles = _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right,
-                                                         use_segments, BLOCK_M, BLOCK_N)
+                                                         use_segments, SegmentSpans + batch * stride_spanb,
+                                                         BLOCK_M, BLOCK_N)
     dk_base = DK + batch * stride_dkb + k_start.to(gl.int64) * stride_dks + kv_head.to(gl.int64) * stride_dkh
     dv_base = DV + batch * stride_dvb + k_start.to(gl.int64) * stride_dvs + kv_head.to(gl.int64) * stride_dvh
     row_base = batch * stride_lseb + first_head * stride_lseh + q_start

@@ -124,10 +124,37 @@ def segment_ids(base, idx, n, use_segments):
 
 
 @triton.jit
+def segment_span(span_base, start, seqlen, lo, full_lo, full_hi, hi, use_segments, BLOCK: tl.constexpr,
+                 OTHER_BLOCK: tl.constexpr):
+    """The visible range of the other side (visible_key_range's or visible_query_range's four
+    bounds, multiples of OTHER_BLOCK) under segment ids, from what segments.segment_spans wrote
+    for the tile at `start` (tiles of BLOCK rows of a sequence of seqlen): positions outside its
+    span are skipped, the tiles inside its run (the other side's positions that share the
+    tile's one id) stay unmasked, and every other tile takes the segment mask. Unchanged when
+    use_segments is 0 (nothing is read)."""
+    if use_segments != 0:
+        inside = start < seqlen
+        span = span_base + 4 * (start // BLOCK)
+        first = tl.load(span, mask=inside, other=0)
+        stop = tl.load(span + 1, mask=inside, other=0)
+        run_first = tl.load(span + 2, mask=inside, other=0)
+        run_stop = tl.load(span + 3, mask=inside, other=0)
+        lo = tl.maximum(lo, first // OTHER_BLOCK * OTHER_BLOCK)
+        hi = tl.maximum(tl.minimum(hi, stop), lo)
+        # The run lies inside the span; its whole tiles inside the unmasked range stay unmasked.
+        run_lo = tl.maximum(full_lo, tl.cdiv(run_first, OTHER_BLOCK) * OTHER_BLOCK)
+        run_hi = tl.minimum(full_hi, run_stop // OTHER_BLOCK * OTHER_BLOCK)
+        end = tl.cdiv(hi, OTHER_BLOCK) * OTHER_BLOCK
+        full_lo = tl.where(run_hi > run_lo, run_lo, end)
+        full_hi = tl.where(run_hi > run_lo, run_hi, end)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def mask_every_tile(full_lo, full_hi, hi, BLOCK: tl.constexpr, every_tile):
     """An empty unmasked range when every_tile != 0, so that the masked loop covers the whole
-    visible range: segment ids (any tile may mix segments) and a bias (any score may be -inf, so
-    any row of any tile may be empty). Returns (full_lo, full_hi)."""
+    visible range: a bias (any score may be -inf, so any row of any tile may be empty). Returns
+    (full_lo, full_hi)."""
     end = tl.cdiv(hi, BLOCK) * BLOCK
     return tl.where(every_tile != 0, end, full_lo), tl.where(every_tile != 0, end, full_hi)
 

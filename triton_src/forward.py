@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .common import (
     alibi_slope_log2, bias_log2, dropout_keep, initial_softmax_state, key_visible, mask_every_tile,
-    modified_scores, segment_ids, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
+    modified_scores, segment_ids, segment_span, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
     visible_key_range,
 )
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view
@@ -114,7 +114,7 @@ def attn_fwd(
     CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
-    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -135,7 +135,9 @@ def attn_fwd(
     diagonal = seqlen_k - seqlen_q), so that a piece of a longer sequence (a ring attention
     step) sees the distances of its global positions.
     With use_segments != 0 (dense layout only), query i of sequence b sees key j only if
-    QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous), and every tile is masked.
+    QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous): SegmentSpans + b *
+    stride_spanb holds segments.segment_spans' output per query tile of BLOCK_M rows, which
+    common.segment_span turns into the keys visited and the tiles left unmasked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
     SCORE_MOD 2 variants also take a bias (use_bias != 0; dense layout only; every tile masked):
@@ -186,7 +188,9 @@ def attn_fwd(
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_segments | use_bias)
+    lo, full_lo, full_hi, hi = segment_span(SegmentSpans + batch * stride_spanb, pid_m * BLOCK_M, seqlen_q, lo,
+                                            full_lo, full_hi, hi, use_segments, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_bias)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head.to(tl.int64) * stride_biash
@@ -228,7 +232,7 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     i32("window_left"), i32("window_right"),
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"), i32("alibi_offset"),
     index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
-    i32("use_segments"),
+    i32("use_segments"), index_tensor("SegmentSpans"), i64("stride_spanb"),
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
     view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
     seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale"),

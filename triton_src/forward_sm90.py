@@ -24,7 +24,7 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
 
 Tiles are visited as in attn_fwd: the fully visible ones first without a mask, then the window's
 edges and the end of the keys. Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal,
-sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (every tile masked); configs.json keeps
+sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span); configs.json keeps
 SCORE_MOD 2 (bias, dropout) and the 32 bucket on attn_fwd, and at d64 all but the long dense calls
 without score modifications (TILE_LOOP). The op guarantees what TMA needs: 16-byte aligned
 bases and row strides, head_dim a multiple of 8.
@@ -37,8 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .common import (
-    key_visible, mask_every_tile, modified_scores, segment_ids, sequence_span, tile_at, tile_loop_bounds,
-    visible_key_range,
+    key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
+    tile_loop_bounds, visible_key_range,
 )
 from .forward import ATTN_FWD
 from .spec import KernelSpec
@@ -48,14 +48,16 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right, every_tile,
+def _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """attn_fwd's key tiles for the query tile at start_m as one sequence: (lo, full_lo, full_hi,
     n_full, n_tiles). Tile i < n_full starts at key full_lo + i * BLOCK_N and needs no mask; the
-    others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start)."""
+    others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start). Segment ids
+    as common.segment_span says, from the tile's span at span_base (attn_fwd's SegmentSpans)."""
     lo, full_lo, full_hi, hi = visible_key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, every_tile)
+    lo, full_lo, full_hi, hi = segment_span(span_base, start_m, seqlen_q, lo, full_lo, full_hi, hi, use_segments,
+                                            BLOCK_M, BLOCK_N)
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, True)
     n_full = (full_hi - full_lo) // BLOCK_N
     return lo, full_lo, full_hi, n_full, n_full + (stop - start) // BLOCK_N
@@ -127,7 +129,7 @@ def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
-          use_segments, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          use_segments, span_base, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
           STAGES: gl.constexpr):
     """The producer warp: for each of the program's query tiles, each consumer's 64 rows of the
     Q tile (once that consumer has released the previous one: q_empty), then each visited tile's
@@ -138,7 +140,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
     for k in range(n_rounds):
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
         lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                           use_segments, BLOCK_M, BLOCK_N)
+                                                           use_segments, span_base, BLOCK_M, BLOCK_N)
         # Every tile passes q_ready, with or without a load: a consumer releases the buffer (q_empty)
         # only after it, so neither side gets two phases ahead of the other. A fresh mbarrier
         # passes a wait on parity 1, so the first tile does not wait.
@@ -268,7 +270,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
 
 @gluon.jit
 def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                 lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
+                 lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
                  seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                  WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
@@ -288,7 +290,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 
     CONSUMERS: gl.constexpr = BLOCK_M // WG_M
     lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                       use_segments, BLOCK_M, BLOCK_N)
+                                                       use_segments, span_base, BLOCK_M, BLOCK_N)
     row0 = start_m + WG * WG_M
     rows = row0 + gl.arange(0, WG_M, layout=row_layout)
     # What _softmax multiplies the scores _scores returns by: qk_scale where _scores left them
@@ -364,7 +366,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 
 @gluon.jit
 def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-            lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+            lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
             qk_scale, softcap_log2, alibi_log2, alibi_offset,
             WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -378,7 +380,7 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
         it, turn_phase = _attend_tile(
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-            lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, start_m, k, it, turn_phase,
+            lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
             seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
             WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)
     tma.store_wait(0)
@@ -395,7 +397,7 @@ def attn_fwd_sm90(
     CuSeqlensQ, CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k,
     seqlen_q, seqlen_k, kv_group_size, head_dim, window_left, window_right,
     Alibi, stride_alibib, stride_alibih, use_alibi, alibi_offset,
-    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments,
+    QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
@@ -465,6 +467,7 @@ def attn_fwd_sm90(
         sink_log2 = gl.load(Sinks + head) * LOG2E
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
+    span_base = SegmentSpans + batch * stride_spanb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
 
     # The partitions, written out per consumer count (Triton 3.6 passes a tuple's constexpr
@@ -474,39 +477,39 @@ def attn_fwd_sm90(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                     window_right, use_segments, BLOCK_M, WG_M, BLOCK_N, STAGES)),
+                     window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments,
+                       o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
                        2, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                     window_right, use_segments, BLOCK_M, WG_M, BLOCK_N, STAGES)),
+                     window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES)),
         ], [4, 4, 1], [160, 160, 24])
 
     for b in gl.static_range(CONSUMERS):

@@ -20,6 +20,7 @@ import triton
 
 from .backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
 from .forward import ATTN_FWD
+from .segments import SEGMENT_SPANS
 from .spec import tensor_strides
 
 LOG2E = math.log2(math.e)
@@ -51,6 +52,22 @@ class Variant:
     bias: torch.Tensor | None = None
     dropout_p: float = 0.0
     dropout_seed: torch.Tensor | None = None
+
+    def span_args(self, tile: int, over_keys: bool, device) -> dict:
+        """SegmentSpans for tiles of `tile` rows of the queries (or, over_keys, of the keys), as
+        csrc/attention/segment_spans.cpp computes them; a placeholder without segment ids."""
+        if self.segments is None:
+            return dict(SegmentSpans=torch.zeros(1, dtype=torch.int32, device=device), stride_spanb=0)
+        own, other = self.segments[::-1] if over_keys else self.segments
+        batch, seqlen_own = own.shape
+        tiles = triton.cdiv(seqlen_own, tile)
+        spans = torch.full((batch, tiles, 4), -7, dtype=torch.int32, device=device)  # every element is written
+        if tiles:
+            SEGMENT_SPANS.launch((tiles, batch), num_warps=4, num_stages=1, BLOCK=1024, OwnIds=own, OtherIds=other,
+                                 Spans=spans, stride_ownb=own.stride(0), stride_otherb=other.stride(0),
+                                 stride_spanb=spans.stride(0), seqlen_own=seqlen_own,
+                                 seqlen_other=other.shape[1], tile=tile)
+        return dict(SegmentSpans=spans, stride_spanb=spans.stride(0))
 
     def sink_args(self, device) -> dict:
         sinks = self.sinks if self.sinks is not None else torch.zeros(1, device=device)
@@ -160,7 +177,8 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                 SCORE_MOD=variant.score_mod, TILE_LOOP=spec.loops_over_tiles, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
                 **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,
-                **variant_args, **variant.sink_args(q.device))
+                **variant_args, **variant.sink_args(q.device),
+                **variant.span_args(tiles.block_m, False, q.device))
     return out, lse
 
 
@@ -211,7 +229,8 @@ def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Va
                 num_stages=tiles.num_stages, **args, DK=dk, DV=dv, **rows("dk", dk), **rows("dv", dv),
                 DBias=dbias, stride_dbiasb=dbias.stride(0), stride_dbiash=dbias.stride(1),
                 stride_dbiasq=dbias.stride(2), write_dbias=int(want_dbias),
-                DQAccum=dq_accum, **rows("dqa", dq_accum), ACCUMULATE_DQ=accumulate_dq)
+                DQAccum=dq_accum, **rows("dqa", dq_accum), ACCUMULATE_DQ=accumulate_dq,
+                **variant.span_args(tiles.block_n, True, q.device))
     grads = (dk, dv, dbias) if want_dbias else (dk, dv)
     return (*grads, dq_accum.to(q.dtype)) if accumulate_dq else grads
 
@@ -222,7 +241,8 @@ def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Vari
     batch, seqlen_q, _, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dq = _new_gradient(q, packing)
     spec.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
-                num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq))
+                num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq),
+                **variant.span_args(tiles.block_m, False, q.device))
     return dq
 
 

@@ -11,6 +11,7 @@
 
 #include "attention/attention_variant.h"
 #include "attention/kernel_layout.h"
+#include "attention/segment_spans.h"
 #include "ops.h"
 
 namespace fattn {
@@ -96,6 +97,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
   const KernelSegments segments = kernel_segments(variant, lse);
+  const KernelSpans key_tile_spans =
+      kernel_segment_spans(op, variant, s, SpanOver::kKeyTiles, dkdv.constant(attn_bwd_dkdv::BLOCK_N), lse);
   const KernelBias bias = kernel_bias(variant.bias, lse);
   const void* seed = kernel_dropout_seed(variant.dropout, variant.dropout_seed, lse);
   const Tensor& dbias_target = bias_grad ? dbias : lse;  // never written without bias_grad
@@ -113,7 +116,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
       .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
-      .use_segments = segments.use_segments,
+      .use_segments = segments.use_segments, .SegmentSpans = key_tile_spans.data,
+      .stride_spanb = key_tile_spans.stride_b,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
       .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
@@ -126,6 +130,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
     torch::stable::copy_(dq, dq_accum);  // to q's dtype
     return {dq, dk, dv, dbias};
   }
+  const KernelSpans query_tile_spans =
+      kernel_segment_spans(op, variant, s, SpanOver::kQueryTiles, dqk.constant(attn_bwd_dq::BLOCK_M), lse);
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DQ = dq.data_ptr(),
@@ -140,7 +146,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
       .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
-      .use_segments = segments.use_segments,
+      .use_segments = segments.use_segments, .SegmentSpans = query_tile_spans.data,
+      .stride_spanb = query_tile_spans.stride_b,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
       .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
       .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,

@@ -5,6 +5,7 @@
 #include "attention/attention_variant.h"
 #include "attention/kernel_layout.h"
 #include "attention/query_tile_programs.h"
+#include "attention/segment_spans.h"
 #include "runtime/cuda_driver.h"
 #include "ops.h"
 
@@ -49,6 +50,8 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   v = aligned_for_kernel(v);
   const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
   const KernelSegments segments = kernel_segments(variant, lse);
+  const KernelSpans spans =
+      kernel_segment_spans(op, variant, s, SpanOver::kQueryTiles, fwd.constant(attn_fwd::BLOCK_M), lse);
   const std::optional<Tensor> unit_sinks = unit_stride(sinks);
   const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   const KernelBias bias = kernel_bias(variant.bias, lse);
@@ -67,7 +70,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
       .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
       .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
-      .use_segments = segments.use_segments,
+      .use_segments = segments.use_segments, .SegmentSpans = spans.data, .stride_spanb = spans.stride_b,
       .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2, .Sinks = sink_args.sinks,
       .use_sinks = sink_args.use_sinks, .Bias = bias.bias, .stride_biasb = bias.stride_b,
       .stride_biash = bias.stride_h, .stride_biasq = bias.stride_q, .use_bias = bias.use_bias,

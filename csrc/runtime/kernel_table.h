@@ -24,7 +24,7 @@ struct KernelEntry {
   int kernel_id;       // its index in kernel_launchers.h (fattn::kernels::<kernel>::kId)
   int arch;            // 10 * major + minor of the target
   DType dtype;         // element type of the tensors
-  int block_d;         // the head-dim bucket (constant BLOCK_D)
+  int block_d;         // the head-dim bucket (constant BLOCK_D); 0 for a kernel without buckets
   uint64_t flags_key;  // the flag constants packed as <kernel>::flags_key packs them
   // Every constexpr, sorted by name: <kernel>::Constant indexes this array.
   const KernelConstant* constants;

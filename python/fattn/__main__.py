@@ -41,7 +41,7 @@ def info() -> int:
     for name, rows in by_kernel.items():
         archs = sorted({r["arch"] for r in rows})
         dtypes = sorted({r["dtype"] for r in rows})
-        buckets = sorted({r["constants"].get("BLOCK_D") for r in rows})
+        buckets = sorted({r["constants"]["BLOCK_D"] for r in rows if "BLOCK_D" in r["constants"]}) or "none"
         size = sum(r["cubin_size"] for r in rows) / 2**20
         with_ptx = sorted({r["arch"] for r in rows if r["ptx_size"]})
         print(f"  {name}: {len(rows)} variants; archs {', '.join(f'sm_{a}' for a in archs)}; "

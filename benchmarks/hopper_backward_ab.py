@@ -6,6 +6,7 @@ measurement behind configs.json's choice of where the Gluon kernel replaces attn
     python benchmarks/hopper_backward_ab.py [--head-dims 64,128,256] [--out hopper_backward_ab.json]
     python benchmarks/hopper_backward_ab.py --head-dims 128 --softcap 30 --block-n 64   # the wide form at d128
     python benchmarks/hopper_backward_ab.py --dq --head-dims 64,128   # dQ in the dK/dV pass, or split
+    python benchmarks/hopper_backward_ab.py --dq --head-dims 128 --alibi   # the same with ALiBi slopes
     python benchmarks/hopper_backward_ab.py --dq-kernel --head-dims 128   # the Hopper dQ kernel
 
 With --dq, the other choice configs.json makes: deterministic=False's dQ accumulated inside
@@ -45,7 +46,7 @@ import triton  # noqa: E402
 import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
 from aot_build.tune import Problem, current_config  # noqa: E402
-from common import interleaved_ms, write_ab_rows  # noqa: E402
+from common import alibi_slopes, interleaved_ms, write_ab_rows  # noqa: E402
 from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ  # noqa: E402
 from triton_src.backward_dq_sm90 import ATTN_BWD_DQ_SM90  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
@@ -100,6 +101,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the SCORE_MOD 1 variants")
+    parser.add_argument("--alibi", action="store_true",
+                        help="ALiBi slopes: the SCORE_MOD 1 variants, alone or with --softcap")
     parser.add_argument("--block-n", type=int, default=None, choices=(64, 128),
                         help="attn_bwd_dkdv_sm90's key tile, which picks its form (default: the grid's)")
     parser.add_argument("--dq", action="store_true",
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
         parser.error("times the sm_90 kernel: needs a Hopper GPU")
     # The Gluon kernel builds its TMA descriptors in global scratch, which the JIT launch allocates.
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    score_mod = int(args.softcap > 0)
+    score_mod = int(args.softcap > 0 or args.alibi)
     rows = []
     baseline, candidate = (("split", "accumulate_dq") if args.dq else ("attn_bwd_dq", "attn_bwd_dq_sm90")
                            if args.dq_kernel else ("attn_bwd_dkdv", "attn_bwd_dkdv_sm90"))
@@ -128,7 +131,8 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 p = Problem(16384 // seqlen, seqlen, 2048 // d, 2048 // d, d, causal)
                 p.prepare_backward()
-                variant = launch.Variant(causal=causal, softcap=args.softcap)
+                slopes = alibi_slopes(p.q.shape[2], "cuda") if args.alibi else None
+                variant = launch.Variant(causal=causal, softcap=args.softcap, alibi=slopes)
                 grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
                 if args.dq:
                     calls = {"split": lambda: (launch.backward_dkdv(*grads, split_tiles, variant, spec=split_spec),
@@ -145,7 +149,7 @@ def main(argv=None) -> int:
                                                                                 spec=ATTN_BWD_DKDV_SM90)}
                 ms = interleaved_ms(calls, args.pairs)
                 products = 2.5 if args.dq else 1.5 if args.dq_kernel else 2  # in units of the forward's two
-                row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "softcap": args.softcap,
+                row = {"head_dim": d, "seqlen": seqlen, "causal": causal, "softcap": args.softcap, "alibi": args.alibi,
                        **{f"{name}_tflops": round(products * p.flops / t / 1e9, 1) for name, t in ms.items()},
                        "speedup": round(ms[baseline] / ms[candidate], 3)}
                 print(json.dumps(row), flush=True)

@@ -37,6 +37,7 @@ def expected(own, other, tile):
 CASES = [
     # name, batch, seqlen_q, seqlen_k, tile, id kind
     ("sorted-documents", 3, 200, 200, 16, "sorted"),
+    ("documents-of-40", 2, 160, 160, 16, "fixed"),  # tiles of one id and tiles of two, always
     ("sorted-q-longer-than-k", 2, 1100, 700, 64, "sorted"),  # several scan blocks of 1024 on q's side
     ("unsorted-runs", 2, 300, 2500, 32, "runs"),
     ("negative-and-extreme-ids", 2, 90, 130, 16, "extreme"),
@@ -47,6 +48,8 @@ CASES = [
 def ids_for(kind, batch, n, generator):
     if kind == "sorted":
         return torch.sort(torch.randint(0, 6, (batch, n), generator=generator), dim=1).values.int()
+    if kind == "fixed":
+        return (torch.arange(n) // 40).int().expand(batch, n).contiguous()
     if kind == "runs":
         runs = torch.randint(0, 5, (batch, n // 7 + 1), generator=generator)
         return runs.repeat_interleave(7, dim=1)[:, :n].int()

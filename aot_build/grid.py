@@ -127,6 +127,9 @@ def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
         if d <= 0 or not fitting:
             raise GridError(f"FATTN_HEAD_DIMS asks for head dim {d}; buckets are {buckets}")
         chosen.add(fitting[0])  # a head dim is served by the smallest bucket that holds it
+        # A bucket that is not a power of two (attn_fwd's 96 and 192) exists for some archs and
+        # flags only; the next power of two serves the head dim everywhere else.
+        chosen.add(next(b for b in fitting if b & (b - 1) == 0))
     return sorted(chosen)
 
 
@@ -196,13 +199,14 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
         buckets = selected_buckets(kcfg, env)
         flag_names = list(kcfg["flags"])
         for arch, dtype, bucket in itertools.product(archs, kcfg["dtypes"], buckets):
-            base = _tile_config(kernel, kcfg, arch, bucket)
             for flag_values in itertools.product(*(kcfg["flags"][n] for n in flag_names)):
                 flags = dict(zip(flag_names, flag_values))
                 if _excluded(kernel, kcfg, arch, bucket, flags):
                     continue
                 impl = _implementation(kernel, kcfg, arch, bucket, flags)
                 if impl is None:
+                    # Only a variant that is built needs the family's tile for (arch, bucket).
+                    base = _tile_config(kernel, kcfg, arch, bucket)
                     tile = dict(base, **_flag_overrides(kernel, kcfg, arch, bucket, flags))
                 else:
                     tile = _tile_config(f"{kernel} ({impl['kernel']})", impl, arch, bucket)

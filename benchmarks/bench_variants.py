@@ -28,6 +28,9 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
 - head_dim: what padding costs a head dim that is not a multiple of 8 (the public functions pad
   q, k and v with zero columns): causal attention at each of --pad-head-dims against the same
   problem at the padded head dim, where no copy is needed; --tokens per step, 16 heads.
+- bucket (not in the default --studies): head dims between powers of two, each of
+  --bucket-head-dims causal and not, against the same problem zero-padded to the next power of
+  two and SDPA flash and cuDNN at the head dim; --tokens per step at --mod-seqlen, 16 heads.
 Hidden size --hidden over head dim --head-dim heads; --tokens per step for the score_mod study.
 """
 
@@ -297,6 +300,35 @@ def head_dim_study(results, args, direction):
         results.write(args.out)
 
 
+def bucket_study(results, args, direction):
+    """Head dims between powers of two: fattn at each of --bucket-head-dims against the same
+    problem zero-padded to the next power of two (the work a power-of-two bucket does for it: its
+    products run the padded width) and SDPA's flash and cuDNN backends at the head dim itself."""
+    s, h = args.mod_seqlen, 16
+    b = max(1, args.tokens // s)
+    for d in int_list(args.bucket_head_dims):
+        pow2 = 1 << (d - 1).bit_length()
+        q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
+        qp, kp, vp = (torch.nn.functional.pad(t, (0, pow2 - d)) for t in (q, k, v))
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        for causal in (False, True):
+            case = {"study": "bucket", "pass": direction, "head_dim": d, "pow2_head_dim": pow2, "seqlen": s,
+                    "batch": b, "heads": h, "causal": causal}
+            impls = {"fattn": lambda q, k, v, c=causal: fattn.flash_attn_func(q, k, v, causal=c),
+                     "fattn-at-pow2": lambda q, k, v, c=causal, d=d: fattn.flash_attn_func(
+                         q, k, v, causal=c, softmax_scale=d ** -0.5)}
+            inputs = {"fattn": (q, k, v), "fattn-at-pow2": (qp, kp, vp)}
+            for name, backend in sdpa_peers(args.device).items():
+                def sdpa(q, k, v, backend=backend, c=causal):
+                    with sdpa_kernel(backend):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=c)
+                impls[name], inputs[name] = sdpa, (qt, kt, vt)
+            flops = 4 * b * h * s * s * d / (2 if causal else 1) * (2.5 if direction == "backward" else 1)
+            measure(results, case, impls, direction, inputs, flops, args.reps)
+            results.compare(case, peers=[name for name in impls if name != "fattn"], ours=["fattn"])
+            results.write(args.out)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/variants.json"))
@@ -316,6 +348,7 @@ def parse_args(argv):
     parser.add_argument("--studies", default="window,score_mod,varlen,head_dim,bias")
     parser.add_argument("--bias-seqlen", type=int, default=4096)
     parser.add_argument("--pad-head-dims", default="59,100")
+    parser.add_argument("--bucket-head-dims", default="80,96,160,192", help="bucket study: head dims to time")
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -343,6 +376,8 @@ def main(argv=None):
             varlen_study(results, args, direction)
         if "head_dim" in studies:
             head_dim_study(results, args, direction)
+        if "bucket" in studies:
+            bucket_study(results, args, direction)
         if "bias" in studies:
             bias_study(results, args, direction)
     print_summary(results)
@@ -367,6 +402,11 @@ def print_summary(results):
              for r in results.rows if r["study"] == "head_dim" and r["impl"] == "fattn"]
     print_table(["pass", "head dim", "padded", "fattn ms", "/at padded dim"], lines,
                 title="\nhead dims that are not a multiple of 8: time over the same problem at the padded dim")
+    lines = [[r["pass"], r["head_dim"], r["causal"], r["ms"], r["tflops"] and f"{r['tflops']:.1f}",
+              *(r["ratio_vs"].get(peer) for peer in ("fattn-at-pow2", "sdpa_flash", "sdpa_cudnn"))]
+             for r in results.rows if r["study"] == "bucket" and r["impl"] == "fattn"]
+    print_table(["pass", "head dim", "causal", "fattn ms", "TFLOP/s", "/at pow2", "/sdpa flash", "/sdpa cudnn"], lines,
+                title="\nhead dims between powers of two: time ratio of fattn over each (< 1: fattn faster)")
     lines = [[r["pass"], r["seqlen"], r["bias"], r["ms"], r["tflops"] and f"{r['tflops']:.1f}", r.get("vs_plain"),
               *(r["ratio_vs"].get(peer) for peer in BIAS_PEERS)]
              for r in results.rows if r["study"] == "bias" and r["impl"] == "fattn" and r["bias"] != "none"]

@@ -1,6 +1,6 @@
 """The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
-sm_90 implementation for the 64, 128 and 256 head-dim buckets, SCORE_MOD 0 and 1; at 64 for long
-queries only) on a Hopper GPU
+sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets, SCORE_MOD 0 and 1; at 64
+for long queries only; 96 and 192 its alone, the head dim in two pieces) on a Hopper GPU
 (skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
 only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
@@ -24,25 +24,27 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_fwd_sm90")]
 
 
-@pytest.mark.parametrize("head_dim", [72, 96, 128, 200, 256])
+@pytest.mark.parametrize("head_dim", [72, 96, 128, 136, 192, 200, 256])
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
-def test_the_hopper_kernel_serves_the_128_and_256_buckets(head_dim, options):
+def test_the_hopper_kernel_serves_the_buckets_above_64(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
 
 
-@pytest.mark.parametrize("what", ["dropout", "head_dim 64", "head_dim 32"])
+@pytest.mark.parametrize("what", ["dropout", "dropout at head_dim 96", "head_dim 64", "head_dim 32"])
 def test_other_calls_stay_on_attn_fwd(what):
-    d = {"head_dim 64": 64, "head_dim 32": 32}.get(what, 128)
+    # Dropout at d96 has no variant in the 96 bucket (the Hopper kernel's alone): the op takes
+    # attn_fwd from the 128 bucket.
+    d = {"head_dim 64": 64, "head_dim 32": 32, "dropout at head_dim 96": 96}.get(what, 128)
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
-    p = 0.1 if what == "dropout" else 0.0
+    p = 0.1 if what.startswith("dropout") else 0.0
     names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p))
     assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [80, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("seqlen_q", [1, 63, 64, 65, 127, 129, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tile_halves_past_the_end(seqlen_q, dtype, head_dim):
@@ -139,7 +141,7 @@ def test_any_finite_softmax_scale(softmax_scale):
         check_accuracy(out, lse, q, k, v, softmax_scale, causal, f"scale {softmax_scale} causal {causal}")
 
 
-@pytest.mark.parametrize("head_dim", [72, 104, 128, 136, 256])
+@pytest.mark.parametrize("head_dim", [72, 96, 104, 128, 136, 192, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     # Row strides far from head_dim (views of a fused buffer, q transposed from [b, h, s, d]):
     # the device-side TMA descriptors take them as they are.

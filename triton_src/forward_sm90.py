@@ -28,6 +28,11 @@ sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span); c
 SCORE_MOD 2 (bias, dropout) and the 32 bucket on attn_fwd, and at d64 all but the long dense calls
 without score modifications (TILE_LOOP). The op guarantees what TMA needs: 16-byte aligned
 bases and row strides, head_dim a multiple of 8.
+
+Head-dim buckets that are not a power of two (96, 192; configs.json builds them for this kernel
+alone) run the head dim in two pieces, 64 + 32 or 128 + 64 columns, each with its own TMA
+descriptors and shared-memory tiles: S sums the two pieces' products, O is two accumulators, so
+head dims 72-96 and 136-192 pay for their own width instead of the next power of two's.
 """
 
 from triton.experimental import gluon
@@ -112,30 +117,41 @@ def _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES: gl.constexpr):
 
 @gluon.jit
 def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, k_desc1=None, v_desc1=None, k_smem1=None, v_smem1=None):
     """The producer's load of the `it`-th key tile it sends through the ring (keys from start_n):
     K, then V, each into its slot once every consumer has released the slot's last tile. A fresh
-    mbarrier passes a wait on parity 1, so the first round does not wait."""
+    mbarrier passes a wait on parity 1, so the first round does not wait. A head dim in two
+    pieces (k_desc1 given: attn_fwd_sm90's 96 and 192 buckets) loads both on the same barriers."""
     stage = it % STAGES
     free_phase = ((it // STAGES) & 1) ^ 1
     mbarrier.wait(k_empty.index(stage), free_phase)
-    mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+    if k_desc1 is not None:
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes + k_desc1.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc1, [start_n, 0], k_ready.index(stage), k_smem1.index(stage))
+    else:
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
     mbarrier.wait(v_empty.index(stage), free_phase)
-    mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+    if v_desc1 is not None:
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes + v_desc1.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc1, [start_n, 0], v_ready.index(stage), v_smem1.index(stage))
+    else:
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
 
 
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+          q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1,
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
           use_segments, span_base, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          STAGES: gl.constexpr):
+          STAGES: gl.constexpr, D1: gl.constexpr):
     """The producer warp: for each of the program's query tiles, each consumer's 64 rows of the
     Q tile (once that consumer has released the previous one: q_empty), then each visited tile's
     K and V into the ring, a slot refilled once every consumer has released it (k_empty /
     v_empty, one arrival per consumer). The ring's position runs on across query tiles, so the
-    next tile's K and V load while the consumers finish this one."""
+    next tile's K and V load while the consumers finish this one. With D1 > 0 each tile also
+    has its second head-dim piece (the *1 descriptors and buffers), loaded on the same barriers."""
     it = 0
     for k in range(n_rounds):
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
@@ -147,14 +163,24 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
         for wg in gl.static_range(BLOCK_M // WG_M):
             mbarrier.wait(q_empty.index(wg), (k & 1) ^ 1)
             if n_tiles > 0:
-                mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
+                if D1 > 0:
+                    mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes + q_desc1.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc1, [start_m + wg * WG_M, 0], q_ready.index(wg),
+                                                    q_smem1.index(wg))
+                else:
+                    mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(q_desc, [start_m + wg * WG_M, 0], q_ready.index(wg),
                                                 q_smem.index(wg))
             else:
                 mbarrier.arrive(q_ready.index(wg), count=1)
         for i in range(n_tiles):
             start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
-            _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n, STAGES)
+            if D1 > 0:
+                _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
+                               STAGES, k_desc1, v_desc1, k_smem1, v_smem1)
+            else:
+                _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
+                               STAGES)
             it += 1
 
 
@@ -206,20 +232,29 @@ def _softmax(s, m_i, l_i, scale):
 def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
               turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
               window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-              softmax_scale, WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-              STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr):
-    """_attend_tile's products and softmax over its n_tiles (> 0) key tiles: (acc, m_i, l_i, it,
-    turn_phase). Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for S(j),
-    computes tile j's softmax while the second product runs, then waits for it: no wgmma is in
-    flight across the loop's back edge, which keeps ptxas from serializing them (an S(j+1)
-    carried across it did)."""
+              softmax_scale, q_tile1, k_smem1, v_smem1, acc1,
+              WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+              STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr,
+              D1: gl.constexpr):
+    """_attend_tile's products and softmax over its n_tiles (> 0) key tiles: (acc, acc1, m_i,
+    l_i, it, turn_phase). Iteration j issues S(j) and O += P(j-1) V(j-1) in its turn, waits for
+    S(j), computes tile j's softmax while the second product runs, then waits for it: no wgmma is
+    in flight across the loop's back edge, which keeps ptxas from serializing them (an S(j+1)
+    carried across it did). With D1 > 0 the head dim comes in two pieces (BLOCK_D, then D1
+    columns): S sums both pieces' products, and O is two accumulators (acc, acc1)."""
     dtype: gl.constexpr = q_tile.dtype
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D1 if D1 > 0 else BLOCK_D, 16])
+    p_layout1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout1, k_width=2)
+    orow_layout1: gl.constexpr = gl.SliceLayout(1, o_layout1)
     mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(it % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if D1 > 0:
+        s = warpgroup_mma(q_tile1, k_smem1.index(it % STAGES).permute((1, 0)), s, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(it % STAGES), count=1)
     start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
@@ -236,15 +271,24 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
         stage = (it + j) % STAGES
         mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
         s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if D1 > 0:
+            s = warpgroup_mma(q_tile1, k_smem1.index(stage).permute((1, 0)), s, is_async=True)
         acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
         prev = (it + j - 1) % STAGES
         mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        if D1 > 0:
+            acc1 = acc1 * gl.convert_layout(alpha, orow_layout1)[:, None]
+            acc1 = warpgroup_mma(gl.convert_layout(p_op, p_layout1), v_smem1.index(prev), acc1, is_async=True)
         mbarrier.arrive(turn.index((WG + 1) % CONSUMERS), count=1)
         turn_phase ^= 1
 
-        # The softmax of tile j overlaps P(j-1) V(j-1): wait for S(j) only (issued first).
-        s = warpgroup_mma_wait(1, deps=(s, ))
+        # The softmax of tile j overlaps P(j-1) V(j-1): wait for S(j) only (issued first; with
+        # two pieces, S's two products and then O's two).
+        if D1 > 0:
+            s = warpgroup_mma_wait(2, deps=(s, ))
+        else:
+            s = warpgroup_mma_wait(1, deps=(s, ))
         mbarrier.arrive(k_empty.index(stage), count=1)
         start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
         scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
@@ -252,7 +296,10 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
                          SCORE_MOD, SEGMENTS)
         p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
         # P(j-1)'s registers are the running product's operand until it finishes.
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        if D1 > 0:
+            acc, acc1 = warpgroup_mma_wait(0, deps=(acc, acc1))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(prev), count=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -262,18 +309,25 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
     mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    if D1 > 0:
+        acc1 = acc1 * gl.convert_layout(alpha, orow_layout1)[:, None]
+        acc1 = warpgroup_mma(gl.convert_layout(p_op, p_layout1), v_smem1.index(last), acc1, is_async=True)
+        acc, acc1 = warpgroup_mma_wait(0, deps=(acc, acc1))
+    else:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last), count=1)
     it += n_tiles
-    return acc, m_i, l_i, it, turn_phase
+    return acc, acc1, m_i, l_i, it, turn_phase
 
 
 @gluon.jit
 def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                  lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
                  seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
+                 q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
                  WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
+                 BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr,
+                 D1: gl.constexpr):
     """One consumer warpgroup on one query tile: rows [start_m + WG * WG_M, + WG_M),
     through every visited key tile, then its rows of Out and Lse; k is the tile's round. it (key
     tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
@@ -287,6 +341,9 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                                                        instr_shape=[16, BLOCK_D, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D1 if D1 > 0 else BLOCK_D, 16])
+    orow_layout1: gl.constexpr = gl.SliceLayout(1, o_layout1)
 
     CONSUMERS: gl.constexpr = BLOCK_M // WG_M
     lo, full_lo, full_hi, n_full, n_tiles = _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right,
@@ -310,29 +367,39 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     acc = gl.zeros([WG_M, BLOCK_D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
     q_tile = q_smem.index(WG)
+    q_tile1 = None
+    # The head dim's second piece (attn_fwd_sm90's split buckets); without one, a placeholder
+    # that the key loop hands back untouched (a jit function cannot return None).
+    acc1 = gl.zeros([32], gl.float32, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    if D1 > 0:
+        q_tile1 = q_smem1.index(WG)
+        acc1 = gl.zeros([WG_M, D1], gl.float32, layout=o_layout1)
 
     mbarrier.wait(q_ready.index(WG), k & 1)
     if n_tiles > 0:
         # At 160 registers (three consumers) the key loop is compiled twice, with and without
         # segment ids: their mask costs the loop registers even where unused (NOTES.md T18).
         if CONSUMERS == 2:
-            acc, m_i, l_i, it, turn_phase = _key_loop(
+            acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 1)
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+                O_IN_Q_BUFFER, 1, D1)
         elif use_segments != 0:
-            acc, m_i, l_i, it, turn_phase = _key_loop(
+            acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 2)
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+                O_IN_Q_BUFFER, 2, D1)
         else:
-            acc, m_i, l_i, it, turn_phase = _key_loop(
+            acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, 0)
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+                O_IN_Q_BUFFER, 0, D1)
     elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(WG), count=1)
 
@@ -341,6 +408,10 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     empty = l_o == 0.0
     out = acc / gl.where(empty, 1.0, l_o)[:, None]
     lse = gl.where(empty, float("-inf"), (gl.convert_layout(m_i, orow_layout) + gl.log2(l_o)) * LN2)
+    out1 = None
+    if D1 > 0:
+        l_o1 = gl.convert_layout(l_i, orow_layout1)
+        out1 = acc1 / gl.where(l_o1 == 0.0, 1.0, l_o1)[:, None]
 
     # Out through shared memory and TMA, which clips rows past the sequence and columns past
     # head_dim: o_smem (the previous tile's store finished reading it first), or with
@@ -350,12 +421,18 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     if row0 < seqlen_q:
         if O_IN_Q_BUFFER:
             staging = q_tile
+            staging1 = q_tile1
         else:
             staging = o_smem.index(WG)
+            staging1 = o_smem1.index(WG)
             tma.store_wait(0)
         staging.store(out.to(dtype))
+        if D1 > 0:
+            staging1.store(out1.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)
+        if D1 > 0:
+            tma.async_copy_shared_to_global(o_desc1, [row0, 0], staging1)
         orows = row0 + gl.arange(0, WG_M, layout=orow_layout)
         gl.store(lse_base + orows, lse, mask=orows < seqlen_q)
     if O_IN_Q_BUFFER:
@@ -368,9 +445,10 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2, alibi_offset,
+            qk_scale, softcap_log2, alibi_log2, alibi_offset, q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
             WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr):
+            BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr,
+            D1: gl.constexpr):
     """One consumer warpgroup through the program's query tiles (_program_tile's order)."""
     if WG == BLOCK_M // WG_M - 1:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
@@ -382,7 +460,8 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
             seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-            WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)
+            q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+            O_IN_Q_BUFFER, D1)
     tma.store_wait(0)
 
 
@@ -418,6 +497,13 @@ def attn_fwd_sm90(
     # Out is staged in its own buffer where shared memory has room for one (the next tile's Q
     # then loads during this tile's last product), else in the Q buffer.
     O_IN_Q_BUFFER: gl.constexpr = BLOCK_D > 128
+    # A bucket that is not a power of two (96, 192) is two pieces of the head dim, each a power of
+    # two as tensor shapes must be: D0 = 64 or 128 columns, then D1 = 32 or 64. Every product runs
+    # on both (S sums them, O is two accumulators) and TMA moves each piece with its own
+    # descriptor, so the bucket costs its own width instead of the next power of two's.
+    D0: gl.constexpr = BLOCK_D if (BLOCK_D & (BLOCK_D - 1)) == 0 else BLOCK_D * 2 // 3
+    D1: gl.constexpr = BLOCK_D - D0
+    gl.static_assert((D1 == 0) | (D1 * 2 == D0), "a head-dim bucket is a power of two or 1.5 times one")
     dtype: gl.constexpr = Q.dtype.element_ty
     gl.static_assert((CONSUMERS == 2) | (CONSUMERS == 3), "two or three consumer warpgroups of 64 query rows")
 
@@ -432,24 +518,43 @@ def attn_fwd_sm90(
     q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
     k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
 
-    swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
+    swizzle: gl.constexpr = 128 if D0 * 2 >= 128 else D0 * 2
     tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
     q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
     k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
     v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
     o_base = Out + batch * stride_ob + q_start.to(gl.int64) * stride_os + head.to(gl.int64) * stride_oh
-    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [WG_M, BLOCK_D], tile_layout)
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D], tile_layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D], tile_layout)
-    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, BLOCK_D], tile_layout)
+    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [WG_M, D0], tile_layout)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, D0], tile_layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, D0], tile_layout)
+    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, D0], tile_layout)
 
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, BLOCK_D], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)
     if O_IN_Q_BUFFER:
         o_smem = q_smem
     else:
-        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, BLOCK_D], tile_layout)
-    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _key_value_ring(dtype, STAGES, BLOCK_N, BLOCK_D, tile_layout,
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)
+    k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _key_value_ring(dtype, STAGES, BLOCK_N, D0, tile_layout,
                                                                          CONSUMERS)
+    # The second piece: columns D0 and up (head_dim - D0 of them; TMA zero-fills the rest of D1
+    # and clips the stores). Without one, its arguments repeat the first piece's, unused.
+    q_desc1, k_desc1, v_desc1, o_desc1 = q_desc, k_desc, v_desc, o_desc
+    q_smem1, o_smem1, k_smem1, v_smem1 = q_smem, o_smem, k_smem, v_smem
+    if D1 > 0:
+        swizzle1: gl.constexpr = 128 if D1 * 2 >= 128 else D1 * 2
+        layout1: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle1, element_bitwidth=16, rank=2)
+        rest = head_dim - D0
+        q_desc1 = tma.make_tensor_descriptor(q_base + D0, [seqlen_q, rest], [stride_qs, 1], [WG_M, D1], layout1)
+        k_desc1 = tma.make_tensor_descriptor(k_base + D0, [seqlen_k, rest], [stride_ks, 1], [BLOCK_N, D1], layout1)
+        v_desc1 = tma.make_tensor_descriptor(v_base + D0, [seqlen_k, rest], [stride_vs, 1], [BLOCK_N, D1], layout1)
+        o_desc1 = tma.make_tensor_descriptor(o_base + D0, [seqlen_q, rest], [stride_os, 1], [WG_M, D1], layout1)
+        q_smem1 = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D1], layout1)
+        if O_IN_Q_BUFFER:
+            o_smem1 = q_smem1
+        else:
+            o_smem1 = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D1], layout1)
+        k_smem1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D1], layout1)
+        v_smem1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D1], layout1)
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -480,15 +585,17 @@ def attn_fwd_sm90(
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       0, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                     v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                     window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES)),
+                     v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
+                     n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
@@ -496,20 +603,23 @@ def attn_fwd_sm90(
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       0, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       0, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       1, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       2, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER)),
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       2, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                     v_empty, pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
-                     window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES)),
+                     v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
+                     n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
         ], [4, 4, 1], [160, 160, 24])
 
     for b in gl.static_range(CONSUMERS):

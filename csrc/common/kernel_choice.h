@@ -2,8 +2,8 @@
 //
 // choose<K>() picks the variant of kernel K (a struct of the generated kernel_launchers.h)
 // for a call: the arch that serves the device (or FATTN_FORCE_PTX_ARCH), the smallest
-// head-dim bucket that holds head_dim, and the op's flags. It scans nothing and allocates
-// nothing unless it fails; errors name what the build lacks.
+// head-dim bucket that holds head_dim and has the op's flags, and those flags. It looks at a
+// handful of buckets and allocates nothing unless it fails; errors name what the build lacks.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
@@ -43,17 +43,23 @@ const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DTyp
 }
 
 // The variant of kernel K with `flags` if the build has it, else with `fallback`: for flags that
-// only pick a faster code path, which configs.json's "exclude" may leave out on some archs.
+// only pick a faster code path, which configs.json's "exclude" may leave out on some archs. It
+// comes from the smallest bucket holding head_dim that has either: a bucket may exist for some
+// flags only (attn_fwd's 96 and 192, in the Hopper kernel alone), and a larger one serves its
+// head dims too.
 template <typename K>
 runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
                               const typename K::Flags& flags, const typename K::Flags& fallback) {
   const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
   const runtime::DType dtype = kernel_dtype(scalar_type);
-  const int bucket = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
-  const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags);
-  if (entry == nullptr) entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, fallback);
-  if (entry == nullptr) fail_no_variant(op, K::kName, a.arch, dtype, bucket);
-  return {{entry, device, a.from_ptx}};
+  const int smallest = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
+  for (int bucket : runtime::built_buckets(K::kId, a.arch, dtype)) {
+    if (bucket < smallest) continue;
+    const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags);
+    if (entry == nullptr) entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, fallback);
+    if (entry != nullptr) return {{entry, device, a.from_ptx}};
+  }
+  fail_no_variant(op, K::kName, a.arch, dtype, smallest);
 }
 
 template <typename K>

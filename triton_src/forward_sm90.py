@@ -595,7 +595,8 @@ def attn_fwd_sm90(
                        1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
-                     n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
+                     n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
+                     BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
@@ -619,7 +620,8 @@ def attn_fwd_sm90(
                        2, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
-                     n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
+                     n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
+                     BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
         ], [4, 4, 1], [160, 160, 24])
 
     for b in gl.static_range(CONSUMERS):

@@ -1,7 +1,7 @@
 """One call that runs one Hopper (Gluon, warp-specialized) kernel variant, for
 test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
 
-    python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | backward-d64 |
+    python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | forward-d96 | forward-d192 | backward-d64 |
                                            backward-d64-deterministic | backward-d128-softcap | backward-d256 |
                                            dq-d128
 
@@ -21,6 +21,9 @@ import fattn
 CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel function, its constants)
     "forward-d128": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
     "forward-d64": (64, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 64, "SCORE_MOD": 0}),
+    # The split buckets: two head-dim pieces per tile on the same mbarriers.
+    "forward-d96": (96, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 96, "SCORE_MOD": 0}),
+    "forward-d192": (192, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 192, "SCORE_MOD": 0}),
     "backward-d64": (64, True, False, 0.0, "attn_bwd_dkdv_sm90",
                      {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 1}),
     "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90",
@@ -37,7 +40,7 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
 # query tiles, so its ring refills them too; so do the Hopper dQ's four K/V slots with 400 keys
 # (seven 64-key tiles for the last query tile).
 SEQLEN_Q = {"forward-d64": 8192, "backward-d64": 640, "dq-d128": 400}
-SEQLEN_K = {"forward-d64": 400, "backward-d64": 640, "dq-d128": 400}
+SEQLEN_K = {"forward-d64": 400, "forward-d96": 400, "backward-d64": 640, "dq-d128": 400}
 
 
 def _forward_tiles_end(c: dict) -> int:

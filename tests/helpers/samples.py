@@ -55,6 +55,9 @@ FORWARD_CASES = [
     ("scale0.25-causal", (2, 9, 11, 4, 2, 16), "contiguous", 0.25, True),
     ("strided-scale0.7-causal", (1, 5, 7, 4, 2, 8), "strided", 0.7, True),
     ("strided-gqa2-d40-causal", (1, 7, 9, 6, 3, 40), "strided", None, True),
+    # Head dims of the Hopper forward's split buckets (96: 64 + 32 columns, 192: 128 + 64).
+    ("strided-d72-causal", (1, 7, 9, 4, 2, 72), "strided", None, True),
+    ("d160-softcap", (1, 5, 9, 2, 1, 160), "contiguous", None, False, dict(softcap=2.0)),
     ("seqlen_q0", (2, 0, 5, 2, 2, 16), "contiguous", None, False),
     ("seqlen_k0-causal", (1, 3, 0, 2, 2, 16), "contiguous", None, True),
     ("window3-1", (2, 9, 11, 4, 2, 8), "contiguous", None, False, dict(window=(3, 1))),

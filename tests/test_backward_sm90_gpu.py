@@ -20,7 +20,7 @@ import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_gradients, grads_of, kernels_launched, make_qkv, requires_gpu
+from helpers import check_gradients, check_variant_gradients, kernels_launched, make_qkv, requires_gpu
 
 
 def _hopper_build():
@@ -37,23 +37,6 @@ def _backward(q, k, v, p=0.0, **options):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = fattn.flash_attn_func(q, k, v, p, **options)
     out.backward(torch.ones_like(out))
-
-
-def check_backward(q, k, v, what, causal=False, deterministic=False, **variant):
-    """dq, dk, dv of sum(out * w_out) + sum(lse * w_lse) against float64 autograd (2x rule)."""
-    batch, sq, heads, d = q.shape
-    w_out = torch.randn(batch, sq, heads, d, device="cuda")
-    w_lse = torch.randn(batch, heads, sq, device="cuda")
-    if causal and sq > k.shape[1]:
-        w_lse[:, :, : sq - k.shape[1]] = 0  # rows that see no key have lse -inf
-    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True,
-                                                         deterministic=deterministic, **variant),
-                   q, k, v, w_out, w_lse)
-    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.float64, **variant),
-                   q.double(), k.double(), v.double(), w_out.double(), w_lse.double())
-    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=q.dtype, **variant),
-                   q, k, v, w_out, w_lse)
-    check_gradients(got, ref, low, q.dtype, what=what)
 
 
 @pytest.mark.parametrize("head_dim,options", [
@@ -138,7 +121,7 @@ def test_key_tile_halves_past_the_end(seqlen_k, dtype, head_dim):
     torch.manual_seed(seqlen_k)
     q, k, v = make_qkv(2, 333, seqlen_k, 8, 2, head_dim, dtype, "cuda")
     for causal in (False, True):
-        check_backward(q, k, v, f"seqlen_k {seqlen_k} causal {causal}", causal=causal)
+        check_variant_gradients(q, k, v, f"seqlen_k {seqlen_k} causal {causal}", causal=causal)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -150,7 +133,7 @@ def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads, head
     torch.manual_seed(seqlen_q * heads + kv_heads)
     q, k, v = make_qkv(2, seqlen_q, 300, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     for causal in (False, True):
-        check_backward(q, k, v, f"seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal)
+        check_variant_gradients(q, k, v, f"seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal)
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 63, 65, 1000])
@@ -162,8 +145,8 @@ def test_softcap_with_dq_accumulated_in_the_wide_head_form(seqlen_q, heads, kv_h
     torch.manual_seed(seqlen_q + head_dim)
     q, k, v = make_qkv(2, seqlen_q, 300, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     for causal in (False, True):
-        check_backward(q, k, v, f"softcap seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}", causal=causal,
-                       softcap=30.0)
+        check_variant_gradients(q, k, v, f"softcap seqlen_q {seqlen_q} {heads}/{kv_heads} causal {causal}",
+                                causal=causal, softcap=30.0)
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 65, 1000])
@@ -176,17 +159,17 @@ def test_score_modifications_through_the_hopper_dq_kernel(seqlen_q, heads, kv_he
     q, k, v = make_qkv(2, seqlen_q, 700, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     slopes = torch.rand(heads, device="cuda") * 0.3
     for causal in (False, True):
-        check_backward(q, k, v, f"softcap seqlen_q {seqlen_q} causal {causal}", causal=causal, deterministic=True,
-                       softcap=30.0)
-        check_backward(q, k, v, f"alibi seqlen_q {seqlen_q} causal {causal}", causal=causal, deterministic=True,
-                       alibi_slopes=slopes)
+        check_variant_gradients(q, k, v, f"softcap seqlen_q {seqlen_q} causal {causal}", causal=causal,
+                                deterministic=True, softcap=30.0)
+        check_variant_gradients(q, k, v, f"alibi seqlen_q {seqlen_q} causal {causal}", causal=causal,
+                                deterministic=True, alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("head_dim", [40, 56, 72, 104, 128, 136, 200, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     torch.manual_seed(head_dim)
     q, k, v = make_qkv(2, 700, 900, 8, 2, head_dim, torch.bfloat16, "cuda", layout="strided")
-    check_backward(q, k, v, f"strided d{head_dim}", causal=True)
+    check_variant_gradients(q, k, v, f"strided d{head_dim}", causal=True)
 
 
 @pytest.mark.parametrize("options", [dict(window_size=(100, 37)), dict(softcap=20.0, alibi_slopes="heads")],
@@ -197,7 +180,7 @@ def test_windows_and_score_modifications(options, head_dim):
     q, k, v = make_qkv(2, 1000, 1000, 8, 2, head_dim, torch.bfloat16, "cuda")
     if options.get("alibi_slopes") == "heads":
         options = dict(options, alibi_slopes=torch.rand(8, device="cuda") * 0.3)
-    check_backward(q, k, v, str(options), causal=True, **options)
+    check_variant_gradients(q, k, v, str(options), causal=True, **options)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import fattn
-from fattn.reference import attention_reference
-from helpers import check_accuracy, check_gradients, grads_of, make_qkv, poison_allocator, requires_gpu
+from helpers import check_accuracy, check_variant_gradients, make_qkv, poison_allocator, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -66,16 +65,7 @@ def test_gradient_variants_match_reference(shape, variant, causal):
     dtype = torch.bfloat16 if sum(shape) % 2 else torch.float16
     layout = "strided" if shape[5] == 96 else "contiguous"
     q, k, v, options = _inputs(shape, dtype, variant, layout)
-    ref_lse = attention_reference(q, k, v, None, causal, **options)[1]
-    w_out = torch.randn(q.shape, device="cuda")
-    w_lse = torch.randn(ref_lse.shape, device="cuda").masked_fill(torch.isinf(ref_lse), 0)
-    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **options),
-                   q, k, v, w_out, w_lse)
-    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, **options), q.double(), k.double(),
-                   v.double(), w_out.double(), w_lse.double())
-    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=dtype, **options), q, k, v,
-                   w_out, w_lse)
-    check_gradients(got, ref, low, dtype, what=f"{shape} {_variant_id(variant)} causal={causal}")
+    check_variant_gradients(q, k, v, f"{shape} {_variant_id(variant)} causal={causal}", causal=causal, **options)
 
 
 @pytest.mark.parametrize("softcap", [0.0, 30.0])
@@ -111,13 +101,4 @@ def test_segment_ids_forward_and_gradients(shape, causal):
     options = dict(q_segment_ids=ids[:, sk - sq:].contiguous(), kv_segment_ids=ids, window_size=(256, -1))
     out, lse = fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **options)
     check_accuracy(out, lse, q, k, v, None, causal, what=f"{shape} segments causal={causal}", **options)
-    ref_lse = attention_reference(q, k, v, None, causal, **options)[1]
-    w_out = torch.randn(q.shape, device="cuda")
-    w_lse = torch.randn(ref_lse.shape, device="cuda").masked_fill(torch.isinf(ref_lse), 0)
-    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True, **options),
-                   q, k, v, w_out, w_lse)
-    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, **options), q.double(), k.double(),
-                   v.double(), w_out.double(), w_lse.double())
-    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.bfloat16, **options),
-                   q, k, v, w_out, w_lse)
-    check_gradients(got, ref, low, torch.bfloat16, what=f"{shape} segments causal={causal}")
+    check_variant_gradients(q, k, v, f"{shape} segments causal={causal}", causal=causal, **options)

@@ -75,6 +75,26 @@ def grads_of(fn, q, k, v, w_out, w_lse):
     return torch.autograd.grad(loss, (q, k, v))
 
 
+def check_variant_gradients(q, k, v, what, causal=False, deterministic=False, **variant):
+    """fattn's dq, dk, dv of sum(out * w_out) + sum(lse * w_lse), with random weights, against
+    float64 autograd through the reference, by check_gradients' rule. `variant`: the keyword
+    arguments flash_attn_func and attention_reference share (window_size, softcap, alibi_slopes,
+    segment ids). Rows that see no key (lse -inf in the reference) get no lse weight."""
+    import fattn
+
+    ref_lse = attention_reference(q.double(), k.double(), v.double(), None, causal, **variant)[1]
+    w_out = torch.randn(q.shape, device=q.device)
+    w_lse = torch.randn(ref_lse.shape, device=q.device).masked_fill(torch.isinf(ref_lse), 0)
+    got = grads_of(lambda q, k, v: fattn.flash_attn_func(q, k, v, causal=causal, return_lse=True,
+                                                         deterministic=deterministic, **variant),
+                   q, k, v, w_out, w_lse)
+    ref = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=torch.float64, **variant),
+                   q.double(), k.double(), v.double(), w_out.double(), w_lse.double())
+    low = grads_of(lambda q, k, v: attention_reference(q, k, v, None, causal, dtype=q.dtype, **variant),
+                   q, k, v, w_out, w_lse)
+    check_gradients(got, ref, low, q.dtype, what=what)
+
+
 def check_gradients(got, ref, low, dtype, what=""):
     """The 2x rule for gradients: max |got - ref64| <= 2 * max |low - ref64| + 1e-5, plus half
     an ulp of `dtype` at the gradient's largest value. `low` is torch's own gradient in `dtype`.

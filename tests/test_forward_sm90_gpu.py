@@ -28,9 +28,38 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
 def test_the_hopper_kernel_serves_the_buckets_above_64(head_dim, options):
-    q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
+    # 600 queries: d128 causal calls of up to 512 run attn_fwd (the next test).
+    q, k, v = make_qkv(2, 600, 600, 4, 2, head_dim, torch.bfloat16, "cuda")
     names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
+
+
+@pytest.mark.parametrize("case", ["causal 512", "causal 300", "window 500", "causal 513", "causal 1024",
+                                  "non-causal 512", "softcap causal 512", "packed causal 512", "d96 causal 512"])
+def test_short_causal_d128_calls_run_attn_fwd(case):
+    # The build has both kernels at d128 without score modifications; the op asks for attn_fwd for
+    # up to 512 queries with a right edge (csrc/attention/query_tile_programs.h), the looping
+    # Hopper kernel otherwise, and for packed sequences, score modifications and the 96 bucket,
+    # which have that kernel alone.
+    n = int(case.split()[-1])
+    d = 96 if case.startswith("d96") else 128
+    torch.manual_seed(n)
+    q, k, v = make_qkv(1, n, n, 4, 2, d, torch.bfloat16, "cuda")
+    options = {"window 500": dict(window_size=(50, 0)), "non-causal 512": {}}.get(case, dict(causal=True))
+    if case.startswith("softcap"):
+        options["softcap"] = 30.0
+    if case.startswith("packed"):
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        call = lambda: fattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, n, n, causal=True)  # noqa: E731
+    else:
+        call = lambda: fattn.flash_attn_func(q, k, v, **options)  # noqa: E731
+    want = "attn_fwd" if case in ("causal 512", "causal 300", "window 500") else "attn_fwd_sm90"
+    names = kernels_launched(call)
+    assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), names
+    if not case.startswith("packed"):
+        out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
+        causal = options.pop("causal", False)
+        check_accuracy(out, lse, q, k, v, None, causal, case, **options)
 
 
 @pytest.mark.parametrize("what", ["dropout", "dropout at head_dim 96", "head_dim 64", "head_dim 32"])

@@ -11,13 +11,15 @@ constexpr int64_t kSetupTiles = 2;
 // At most this many query tiles with a right edge: one tile per program measured faster
 // (d256, 512 tokens, causal: two tiles per program ran at 0.86x).
 constexpr int64_t kShortHeavyFirst = 4;
-// Query rows from which the looping kernel is asked for first (prefers_tile_loop), without and
-// with a right edge.
+// Query rows from which the looping kernel is asked for first at d64 (prefers_tile_loop), without
+// and with a right edge; above d64, the rows up to which attn_fwd is, with a right edge.
 constexpr int64_t kTileLoopFromRows = 4096;
 constexpr int64_t kTileLoopFromRowsRightEdge = 8192;
+constexpr int64_t kOneTileUpToRowsRightEdge = 512;
 }  // namespace
 
-bool prefers_tile_loop(int64_t seqlen_q, bool packed, bool right_edge) {
+bool prefers_tile_loop(int64_t seqlen_q, int64_t head_dim, bool packed, bool right_edge) {
+  if (head_dim > 64) return packed || !right_edge || seqlen_q > kOneTileUpToRowsRightEdge;
   return !packed && seqlen_q >= (right_edge ? kTileLoopFromRowsRightEdge : kTileLoopFromRows);
 }
 

@@ -249,13 +249,13 @@ def test_tile_loop_variants_are_exactly_the_looping_kernels():
     assert {v.kernel for v in variants} == {"attn_fwd"}
     for v in variants:
         assert v.constant_dict["TILE_LOOP"] == kernel_spec(v.implementation or v.kernel).loops_over_tiles, v.label
-    # The op's choice by length (csrc/attention/query_tile_programs.h) has two variants at d64 on
-    # sm_90 without score modifications; d128 and d256 loop at every length.
+    # The op's choice by length (csrc/attention/query_tile_programs.h) has two variants at d64 and
+    # d128 on sm_90 without score modifications; the other buckets and score modifications have one.
     both = {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in variants
             if v.arch == 90 and v.constant_dict["TILE_LOOP"]} & {
         (v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in variants
         if v.arch == 90 and not v.constant_dict["TILE_LOOP"]}
-    assert both == {(64, 0, dtype) for dtype in ("fp16", "bf16")}
+    assert both == {(d, 0, dtype) for d in (64, 128) for dtype in ("fp16", "bf16")}
 
 
 @pytest.mark.parametrize("packing", ["none", "fatbinary"])

@@ -127,7 +127,7 @@ def selected_buckets(kernel_cfg: dict, env: dict | None = None) -> list[int]:
         if d <= 0 or not fitting:
             raise GridError(f"FATTN_HEAD_DIMS asks for head dim {d}; buckets are {buckets}")
         chosen.add(fitting[0])  # a head dim is served by the smallest bucket that holds it
-        # A bucket that is not a power of two (attn_fwd's 96 and 192) exists for some archs and
+        # A bucket that is not a power of two (96, 192) exists for some kernels, archs and
         # flags only; the next power of two serves the head dim everywhere else.
         chosen.add(next(b for b in fitting if b & (b - 1) == 0))
     return sorted(chosen)

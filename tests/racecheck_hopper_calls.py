@@ -2,8 +2,8 @@
 test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
 
     python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | forward-d96 | forward-d192 | backward-d64 |
-                                           backward-d64-deterministic | backward-d128-softcap | backward-d256 |
-                                           dq-d128
+                                           backward-d64-deterministic | backward-d96 | backward-d128-softcap |
+                                           backward-d256 | dq-d128
 
 Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`, and for a call
 in TILES_END where its tile buffers end as `tiles_end <bytes>`. With --check-launch (run without
@@ -28,18 +28,21 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
                      {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 1}),
     "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90",
                                    {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 0}),
+    "backward-d96": (96, True, False, 0.0, "attn_bwd_dkdv_sm90",
+                     {"BLOCK_D": 96, "SCORE_MOD": 0, "ACCUMULATE_DQ": 0}),
     "backward-d128-softcap": (128, True, False, 30.0, "attn_bwd_dkdv_sm90",
                               {"BLOCK_D": 128, "SCORE_MOD": 1, "ACCUMULATE_DQ": 1}),
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
     "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
 }
 # Queries and keys per call: 200 each, but d64 runs the Hopper forward for causal calls from 8192
-# queries only (csrc/attention/query_tile_programs.h); its 400 keys give the last query tiles
+# queries only and d128 above 512 (csrc/attention/query_tile_programs.h; below, attn_fwd serves
+# them); d64's 400 keys give the last query tiles
 # three and four key tiles, so the two-slot K/V ring refills slots the consumers released. The
 # d64 backward with dQ accumulated has four Q/dO slots: 640 rows give the first key tiles ten
 # query tiles, so its ring refills them too; so do the Hopper dQ's four K/V slots with 400 keys
 # (seven 64-key tiles for the last query tile).
-SEQLEN_Q = {"forward-d64": 8192, "backward-d64": 640, "dq-d128": 400}
+SEQLEN_Q = {"forward-d64": 8192, "forward-d128": 640, "backward-d64": 640, "dq-d128": 400}
 SEQLEN_K = {"forward-d64": 400, "forward-d96": 400, "backward-d64": 640, "dq-d128": 400}
 
 

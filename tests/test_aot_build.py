@@ -58,11 +58,12 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
 def test_knobs_narrow_the_grid():
     variants = grid.expand(env={"FATTN_CUDA_ARCHS": "80;sm_90", "FATTN_HEAD_DIMS": "80,64"})
     assert {v.arch for v in variants} == {80, 90}
-    # head dim 80 is served by the 128 bucket, and on sm_90 by attn_fwd's 96 bucket (the Hopper
-    # kernel's alone), 64 by its own; the head dims do not narrow a kernel without buckets.
+    # head dim 80 is served by the 128 bucket, and on sm_90 by attn_fwd's and attn_bwd_dkdv's 96
+    # bucket (the Hopper kernels' alone), 64 by its own; the head dims do not narrow a kernel
+    # without buckets.
     assert {v.constant_dict.get("BLOCK_D") for v in variants} == {64, 96, 128, None}
     assert {(v.arch, v.implementation) for v in variants if v.constant_dict.get("BLOCK_D") == 96} \
-        == {(90, "attn_fwd_sm90")}
+        == {(90, "attn_fwd_sm90"), (90, "attn_bwd_dkdv_sm90")}
     assert {v.arch for v in variants if v.kernel == "attn_fwd" and v.constant_dict["BLOCK_D"] == 128} == {80, 90}
     assert {v.arch for v in variants if v.kernel == "segment_spans"} == {80, 90}
 
@@ -112,7 +113,8 @@ def test_tuned_tiles_fill_the_grid_and_may_not_repeat_configs_json(tmp_path):
 def test_every_arch_and_bucket_has_a_config():
     # Shared memory is checked for real at build time; here the config file itself is
     # kept honest: every (kernel, arch, bucket) with a variant of the family's own kernel resolves
-    # to a tile config (attn_fwd's 96 and 192 buckets have the Hopper implementation's alone).
+    # to a tile config (attn_fwd's 96 and 192 and attn_bwd_dkdv's 96 buckets have the Hopper
+    # implementations' alone).
     config = grid.load_config()
     built = {(v.kernel, v.arch, v.constant_dict.get("BLOCK_D", 0))
              for v in grid.expand(config, env={"FATTN_CUDA_ARCHS": "all"}) if not v.implementation}
@@ -120,7 +122,8 @@ def test_every_arch_and_bucket_has_a_config():
         for arch in config["archs"]:
             for bucket in grid.selected_buckets(kcfg, env={}):
                 if (name, arch, bucket) not in built:
-                    assert name == "attn_fwd" and bucket in (96, 192), (name, arch, bucket)
+                    assert (name, bucket) in {("attn_fwd", 96), ("attn_fwd", 192), ("attn_bwd_dkdv", 96)}, \
+                        (name, arch, bucket)
                     continue
                 tile = grid._tile_config(name, kcfg, arch, bucket)
                 assert tile["num_warps"] in (1, 2, 4, 8) and tile["num_stages"] >= 1
@@ -332,22 +335,24 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
 
 
 def test_the_hopper_dkdv_serves_only_its_measured_variants():
-    # attn_bwd_dkdv_sm90 (Gluon) replaces attn_bwd_dkdv on sm_90 for the 64 and 128 buckets
-    # without score modifications, for softcap/ALiBi at 64 (at 128 its consumers spill), and in
-    # its wide-head form for both at 256; 128 keys per program up to d128, 64 at d256, so the
-    # op's grid (seqlen_k / BLOCK_N) follows the variant's tile.
-    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "32;64;128;256"}
+    # attn_bwd_dkdv_sm90 (Gluon) replaces attn_bwd_dkdv on sm_90 for the 64, 96 and 128 buckets
+    # without score modifications, for softcap/ALiBi at 64 and 96 (at 128 its consumers spill),
+    # and in its wide-head form for both at 256; 128 keys per program up to d128, 64 at d256, so
+    # the op's grid (seqlen_k / BLOCK_N) follows the variant's tile. The 96 bucket is the Hopper
+    # kernel's alone: sm_80 builds none.
+    env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "32;64;96;128;256"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dkdv"]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype)
             for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (128, 0), (256, 0), (256, 1))
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (96, 0), (96, 1), (128, 0), (256, 0), (256, 1))
         for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps)
-            for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {64: (64, 128, 4), 128: (64, 128, 4),
-                                                                        256: (64, 64, 4)}
+            for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {64: (64, 128, 4), 96: (64, 128, 4),
+                                                                        128: (64, 128, 4), 256: (64, 64, 4)}
     assert all(v.source == "triton_src.backward" for v in variants if not v.implementation)
+    assert {v.constant_dict["BLOCK_D"] for v in variants if v.arch == 80} == {32, 64, 128, 256}
 
 
 def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
@@ -364,7 +369,8 @@ def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
     assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in accumulating} == {64: 128, 128: 64}
     without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
-    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3
+    # Every arch, dtype, power-of-two bucket and SCORE_MOD, and sm_90's 96 bucket for SCORE_MOD 0 and 1.
+    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3 + 2 * 2
 
 
 def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
@@ -398,6 +404,22 @@ def test_dq_accumulation_in_the_wide_head_form_compiles(tmp_path):
     assert artifact.ptx.count("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") == 4
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert artifact.meta["shared"] <= 232448
+
+
+def test_the_hopper_dkdv_96_bucket_runs_its_products_on_two_head_dim_pieces(tmp_path):
+    # d96: 64 + 32 columns, each piece with its own TMA descriptors and loads (K and V for both
+    # key halves: 8 two-dimensional; Q and dO: 4 three-dimensional) and products. Per consumer: S^T and dP^T are 64 x 64 over k = 64 + 32 (6
+    # wgmmas of k16 each), dV and dK a 64 x 64 and a 64 x 32 accumulator each (4 + 4 wgmmas per
+    # product): 40 of n64 and 16 of n32 in the two consumers, none as wide as the 128 bucket's n128.
+    variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "96"})
+                   if v.kernel == "attn_bwd_dkdv" and v.constant_dict["BLOCK_D"] == 96 and v.dtype == "bf16"
+                   and v.constant_dict["SCORE_MOD"] == 0)
+    artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
+    assert artifact.meta["name"] == "attn_bwd_dkdv_sm90"
+    assert artifact.ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 40
+    assert artifact.ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16") == 16
+    assert "m64n128k16" not in artifact.ptx
+    assert artifact.ptx.count("cp.async.bulk.tensor.2d") == 8 and artifact.ptx.count("cp.async.bulk.tensor.3d") == 4
 
 
 def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):

@@ -1,5 +1,6 @@
 """The Hopper dK/dV kernel (triton_src/backward_sm90.py: the Gluon kernel configs.json builds as
-attn_bwd_dkdv's sm_90 implementation for the 64, 128 and 256 buckets) on a Hopper GPU (skipped
+attn_bwd_dkdv's sm_90 implementation for the 64, 96, 128 and 256 buckets; 96 is its alone, the
+head dim in two pieces) on a Hopper GPU (skipped
 elsewhere, and where the build lacks it): which kernel serves which call, and the inputs only its
 TMA path meets (a key tile's second half past the end, query tiles past the end, GQA groups walked
 through one descriptor, row strides far from head_dim, padded head dims, empty packed sequences),
@@ -20,7 +21,7 @@ import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_gradients, check_variant_gradients, kernels_launched, make_qkv, requires_gpu
+from helpers import check_gradients, check_variant_gradients, kernels_launched, launch_args, make_qkv, requires_gpu
 
 
 def _hopper_build():
@@ -50,6 +51,27 @@ def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
     assert "attn_bwd_dkdv_sm90" in names, names
 
 
+def _dkdv_variant_shared(constants: dict) -> set[int]:
+    return {e["shared"] for e in fattn.build_info()["kernels"]
+            if e["function"] == "attn_bwd_dkdv_sm90" and e["arch"] == 90 and e["dtype"] == "bf16"
+            and all(e["constants"].get(k) == v for k, v in constants.items())}
+
+
+@pytest.mark.parametrize("head_dim,deterministic,softcap", [(80, False, 0.0), (96, True, 0.0), (96, False, 30.0)])
+def test_head_dims_up_to_96_run_the_96_bucket(head_dim, deterministic, softcap):
+    # The 96 bucket (64 + 32 columns) has no dQ accumulation: the op falls back to its split
+    # variant rather than to the 128 bucket. The two buckets' variants differ in shared memory,
+    # which the profiler reports per launch.
+    q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
+    score_mod = 1 if softcap else 0
+    shared = launch_args(lambda: _backward(q, k, v, deterministic=deterministic, softcap=softcap),
+                         "attn_bwd_dkdv_sm90", "shared memory")
+    want = _dkdv_variant_shared({"BLOCK_D": 96, "SCORE_MOD": score_mod, "ACCUMULATE_DQ": 0})
+    other = _dkdv_variant_shared({"BLOCK_D": 128, "SCORE_MOD": score_mod})
+    assert len(want) == 1 and not want & other, (want, other)
+    assert shared and set(shared) <= want, f"launched with shared memory {shared}; the 96 bucket's is {want}"
+
+
 @pytest.mark.parametrize("what", ["dropout", "d128 softcap deterministic", "d256 dropout", "head_dim 32"])
 def test_other_calls_stay_on_attn_bwd_dkdv(what):
     d = {"d256 dropout": 256, "head_dim 32": 32}.get(what, 128)
@@ -67,7 +89,7 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     (40, False, dict(window_size=(50, 0)), "attn_bwd_dkdv_sm90"), (64, True, dict(), "attn_bwd_dq"),
     (128, False, dict(), "attn_bwd_dq_sm90"), (128, True, dict(causal=True), "attn_bwd_dq_sm90"),
     (72, False, dict(window_size=(30, 30)), "attn_bwd_dq_sm90"), (64, False, dict(p=0.1), "attn_bwd_dq"),
-    (128, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"), (96, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"),
+    (128, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"), (96, False, dict(softcap=30.0), "attn_bwd_dq_sm90"),
     (128, True, dict(softcap=30.0), "attn_bwd_dq_sm90"), (128, False, dict(p=0.1), "attn_bwd_dq"),
     (256, False, dict(), "attn_bwd_dq"),
 ], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d128-causal-deterministic",
@@ -76,7 +98,8 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
 def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     # served_by: the kernel that computes dQ. A dQ kernel runs exactly when the dK/dV pass does
     # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 and d128 SCORE_MOD 1
-    # only); at d128 without bias or dropout it is the Hopper one (attn_bwd_dq_sm90).
+    # only; d65-d96 take the 96 bucket, which has none); from d65 to d128 without bias or dropout it
+    # is the Hopper one (attn_bwd_dq_sm90).
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     options = dict(options)
     p = options.pop("p", 0.0)
@@ -110,7 +133,7 @@ def test_deterministic_true_is_bitwise_reproducible_and_false_agrees(head_dim):
         assert (a.float() - b.float()).abs().max().item() <= tol, name
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("seqlen_k", [1, 63, 64, 65, 127, 129, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_key_tile_halves_past_the_end(seqlen_k, dtype, head_dim):
@@ -124,7 +147,7 @@ def test_key_tile_halves_past_the_end(seqlen_k, dtype, head_dim):
         check_variant_gradients(q, k, v, f"seqlen_k {seqlen_k} causal {causal}", causal=causal)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("seqlen_q", [1, 63, 65, 1000])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1), (1, 1)])
 def test_query_tiles_past_the_end_and_gqa_groups(seqlen_q, heads, kv_heads, head_dim):
@@ -165,7 +188,7 @@ def test_score_modifications_through_the_hopper_dq_kernel(seqlen_q, heads, kv_he
                                 deterministic=True, alibi_slopes=slopes)
 
 
-@pytest.mark.parametrize("head_dim", [40, 56, 72, 104, 128, 136, 200, 256])
+@pytest.mark.parametrize("head_dim", [40, 56, 72, 80, 96, 104, 128, 136, 200, 256])
 def test_strided_views_and_padded_head_dims(head_dim):
     torch.manual_seed(head_dim)
     q, k, v = make_qkv(2, 700, 900, 8, 2, head_dim, torch.bfloat16, "cuda", layout="strided")
@@ -174,7 +197,7 @@ def test_strided_views_and_padded_head_dims(head_dim):
 
 @pytest.mark.parametrize("options", [dict(window_size=(100, 37)), dict(softcap=20.0, alibi_slopes="heads")],
                          ids=["window", "softcap-alibi"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_windows_and_score_modifications(options, head_dim):
     torch.manual_seed(5)
     q, k, v = make_qkv(2, 1000, 1000, 8, 2, head_dim, torch.bfloat16, "cuda")
@@ -183,7 +206,7 @@ def test_windows_and_score_modifications(options, head_dim):
     check_variant_gradients(q, k, v, str(options), causal=True, **options)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_packed_batch_with_empty_sequences(d):
     # Empty query spans, empty key spans and both: their descriptors have no rows and are never
     # read; keys with no query get dK = dV = 0, and every sequence's gradients are its own.

@@ -223,7 +223,7 @@ def test_compute_sanitizer_finds_nothing(tool):
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 only")
 @pytest.mark.parametrize("call", ["forward-d128", "forward-d64", "forward-d96", "forward-d192", "backward-d64",
-                                  "backward-d64-deterministic",
+                                  "backward-d64-deterministic", "backward-d96",
                                   "backward-d128-softcap", "backward-d256", "dq-d128"])
 def test_racecheck_finds_nothing_in_the_hopper_kernels_own_shared_memory(call):
     # Every shared-memory hazard racecheck reports in the call's Hopper kernel must lie in the

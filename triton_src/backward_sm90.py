@@ -29,6 +29,9 @@ keys' part, dQ = dS K(its keys), over all the columns (_accumulate_dq), so the w
 wait for each other; in the wide form they share dS^T through shared memory and each computes
 half of the columns over all the tile's keys.
 
+A 96 bucket (two-warpgroup form, no dQ accumulation) runs the head dim in two pieces, 64 + 32
+columns, each with its own descriptors, tiles and products (forward_sm90.py's split).
+
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
 configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
 """
@@ -97,17 +100,27 @@ def _group_tile(t, g, i, n_tiles, CARRIED: gl.constexpr):
 @gluon.jit
 def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
           kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-          lo, full_lo, full_hi, n_full, n_tiles,
-          HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CARRIED: gl.constexpr):
+          lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1, q_smem1,
+          do_smem1, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CARRIED: gl.constexpr,
+          D1: gl.constexpr):
     """The producer warp: both halves of K and V, then every head's visited Q, dO, lse and delta
     tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
-    after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1."""
+    after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1. With D1 > 0
+    every tile also has its second head-dim piece (the *1 descriptors and buffers), loaded on the
+    same barriers."""
     row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     if n_tiles > 0:
-        mbarrier.expect(kv_ready, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+        if D1 > 0:
+            mbarrier.expect(kv_ready, 2 * (kv_bytes + k_desc1.block_type.nbytes + v_desc1.block_type.nbytes))
+        else:
+            mbarrier.expect(kv_ready, 2 * kv_bytes)
         for half in gl.static_range(2):
             tma.async_copy_global_to_shared(k_desc, [start_n + half * HALF_N, 0], kv_ready, k_smem.index(half))
             tma.async_copy_global_to_shared(v_desc, [start_n + half * HALF_N, 0], kv_ready, v_smem.index(half))
+            if D1 > 0:
+                tma.async_copy_global_to_shared(k_desc1, [start_n + half * HALF_N, 0], kv_ready, k_smem1.index(half))
+                tma.async_copy_global_to_shared(v_desc1, [start_n + half * HALF_N, 0], kv_ready, v_smem1.index(half))
     offs_m = gl.arange(0, BLOCK_M, layout=row_layout)
     g = n_tiles * 0
     i = g - 1
@@ -120,7 +133,13 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
         lse = lse_log2(Lse + head_base, rows, seqlen_q)
         delta = gl.load(Delta + head_base + rows, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        if D1 > 0:
+            mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + q_desc1.block_type.nbytes + do_desc1.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc1, [start_m, g, 0], ready.index(stage), q_smem1.index(stage))
+            tma.async_copy_global_to_shared(do_desc1, [start_m, g, 0], ready.index(stage), do_smem1.index(stage))
+        else:
+            mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [start_m, g, 0], ready.index(stage), q_smem.index(stage))
         tma.async_copy_global_to_shared(do_desc, [start_m, g, 0], ready.index(stage), do_smem.index(stage))
         lse_smem.index(stage).store(lse)
@@ -179,18 +198,28 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 use_alibi, alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                 start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                 window_left, window_right, qk_scale, softcap_log2, softmax_scale, ds_smem, ds_ready, dqa_desc, dq_smem,
+                k_smem1, v_smem1, q_smem1, do_smem1,
                 HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
-                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr, CARRIED: gl.constexpr):
+                STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr, CARRIED: gl.constexpr,
+                D1: gl.constexpr):
     """One consumer warpgroup: keys [start_n + HALF * HALF_N, + HALF_N) of the tile, through every
     visited query tile of every head of the group, then its rows of dK and dV. With ACCUMULATE_DQ
     also its keys' part of each query tile's dQ, over all the columns (_accumulate_dq: the
-    ds_smem, ds_ready, dqa_desc and dq_smem arguments; None without it)."""
+    ds_smem, ds_ready, dqa_desc and dq_smem arguments; None without it). With D1 > 0 the head
+    dim comes in two pieces (BLOCK_D columns, then D1 in the *1 buffers): S^T and dP^T sum both
+    pieces' products, dK and dV are two accumulators each."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    D1_OR_D: gl.constexpr = D1 if D1 > 0 else BLOCK_D
+    o_layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D1_OR_D, 16])
+    a_layout1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout1, k_width=2)
+    # Waits that leave the dP^T products in flight: one per piece.
+    PIECES: gl.constexpr = 2 if D1 > 0 else 1
     key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -201,9 +230,13 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
     kv_seg = segment_ids(kv_seg_base, keys, seqlen_k, use_segments)
     dk = gl.zeros([HALF_N, BLOCK_D], gl.float32, layout=o_layout)
     dv = gl.zeros([HALF_N, BLOCK_D], gl.float32, layout=o_layout)
+    dk1 = gl.zeros([HALF_N, D1_OR_D], gl.float32, layout=o_layout1)
+    dv1 = gl.zeros([HALF_N, D1_OR_D], gl.float32, layout=o_layout1)
     zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
     k_tile = k_smem.index(HALF)
     v_tile = v_smem.index(HALF)
+    k_tile1 = k_smem1.index(HALF)
+    v_tile1 = v_smem1.index(HALF)
 
     if n_tiles > 0:
         mbarrier.wait(kv_ready, 0)
@@ -215,14 +248,20 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
             q_tile = q_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
             do_tile = do_smem.index(stage).reshape([BLOCK_M, BLOCK_D])
+            q_tile1 = q_smem1.index(stage).reshape([BLOCK_M, D1_OR_D])
+            do_tile1 = do_smem1.index(stage).reshape([BLOCK_M, D1_OR_D])
 
             s_t = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D1 > 0:
+                s_t = warpgroup_mma(k_tile1, q_tile1.permute((1, 0)), s_t, is_async=True)
             dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D1 > 0:
+                dp_t = warpgroup_mma(v_tile1, do_tile1.permute((1, 0)), dp_t, is_async=True)
 
             start_m = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_M)
             rows = start_m + offs_m
             lse = lse_smem.index(stage).load(row_layout)
-            s_t = warpgroup_mma_wait(1, deps=(s_t, ))
+            s_t = warpgroup_mma_wait(PIECES, deps=(s_t, ))
             s_t = s_t * qk_scale
             if SCORE_MOD:
                 alibi_log2 = 0.0
@@ -239,15 +278,23 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                     visible = visible & (kv_seg[:, None] == q_seg[None, :])
                 p_t = gl.where(visible, p_t, 0.0)
             # dV's product runs while this warpgroup waits for dP^T and computes dS^T.
-            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_tile, dv, is_async=True)
+            p_op = gl.convert_layout(p_t.to(dtype), a_layout)
+            dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+            if D1 > 0:
+                dv1 = warpgroup_mma(gl.convert_layout(p_op, a_layout1), do_tile1, dv1, is_async=True)
             if SCORE_MOD:
                 p_t = p_t * dcap  # the softcap's derivative, folded in now: one [64, 64] tile fewer live
             delta = delta_smem.index(stage).load(row_layout)
-            dp_t = warpgroup_mma_wait(1, deps=(dp_t, ))
+            dp_t = warpgroup_mma_wait(PIECES, deps=(dp_t, ))
             ds_t = p_t * (dp_t - delta[None, :])
             if ACCUMULATE_DQ:
                 dk, dv = _accumulate_dq(ds_t.to(dtype), dk, dv, q_tile, k_tile, ds_smem, ds_ready, dqa_desc, dq_smem,
                                         t, start_m, g, softmax_scale, HALF, BLOCK_M, BLOCK_D)
+            elif D1 > 0:
+                ds_op = gl.convert_layout(ds_t.to(dtype), a_layout)
+                dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+                dk1 = warpgroup_mma(gl.convert_layout(ds_op, a_layout1), q_tile1, dk1, is_async=True)
+                dk, dv, dk1, dv1 = warpgroup_mma_wait(0, deps=(dk, dv, dk1, dv1))
             else:
                 dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
                 dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
@@ -255,13 +302,23 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
         if ACCUMULATE_DQ:
             tma.store_wait(0)  # the last reduction has read dq_smem before the CTA's shared memory goes
 
-    dk = dk * softmax_scale
-    rows_o = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, o_layout))
-    cols_o = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
-    keys_o = key0 + rows_o
-    mask = (keys_o < seqlen_k)[:, None] & (cols_o < head_dim)[None, :]
-    gl.store(DK + keys_o[:, None].to(gl.int64) * stride_dks + cols_o[None, :], dk.to(dtype), mask=mask)
-    gl.store(DV + keys_o[:, None].to(gl.int64) * stride_dvs + cols_o[None, :], dv.to(dtype), mask=mask)
+    _store_rows(DK, DV, stride_dks, stride_dvs, dk * softmax_scale, dv, key0, 0, seqlen_k, head_dim, HALF_N, BLOCK_D)
+    if D1 > 0:
+        _store_rows(DK, DV, stride_dks, stride_dvs, dk1 * softmax_scale, dv1, key0, BLOCK_D, seqlen_k, head_dim,
+                    HALF_N, D1)
+
+
+@gluon.jit
+def _store_rows(DK, DV, stride_dks, stride_dvs, dk, dv, key0, col0, seqlen_k, head_dim, ROWS: gl.constexpr,
+                COLS: gl.constexpr):
+    """dK and dV of keys [key0, key0 + ROWS), columns [col0, col0 + COLS), within the sequence
+    and the head dim."""
+    layout: gl.constexpr = dk.type.layout
+    keys = key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    mask = (keys < seqlen_k)[:, None] & (cols < head_dim)[None, :]
+    gl.store(DK + keys[:, None].to(gl.int64) * stride_dks + cols[None, :], dk.to(DK.dtype.element_ty), mask=mask)
+    gl.store(DV + keys[:, None].to(gl.int64) * stride_dvs + cols[None, :], dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -360,12 +417,8 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
         if ACCUMULATE_DQ:
             tma.store_wait(0)  # the last reduction has read dq_smem before the CTA's shared memory goes
 
-    dk = dk * softmax_scale
-    keys_o = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
-    cols_o = HALF * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, o_layout))
-    mask = (keys_o < seqlen_k)[:, None] & (cols_o < head_dim)[None, :]
-    gl.store(DK + keys_o[:, None].to(gl.int64) * stride_dks + cols_o[None, :], dk.to(dtype), mask=mask)
-    gl.store(DV + keys_o[:, None].to(gl.int64) * stride_dvs + cols_o[None, :], dv.to(dtype), mask=mask)
+    _store_rows(DK, DV, stride_dks, stride_dvs, dk * softmax_scale, dv, start_n, HALF * HALF_D, seqlen_k, head_dim,
+                BLOCK_N, HALF_D)
 
 
 @gluon.jit
@@ -411,11 +464,19 @@ def attn_bwd_dkdv_sm90(
     CARRIED: gl.constexpr = BLOCK_D >= 128 and not ACCUMULATE_DQ and SCORE_MOD == 0
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
+    # A bucket that is not a power of two (96) is two pieces of the head dim, each a power of two
+    # as tensor shapes must be: D0 = 64 columns, then D1 = 32, each with its own descriptors and
+    # tiles (forward_sm90.py's split), so the products cost 96 columns instead of 128.
+    D0: gl.constexpr = BLOCK_D if (BLOCK_D & (BLOCK_D - 1)) == 0 else BLOCK_D * 2 // 3
+    D1: gl.constexpr = BLOCK_D - D0
+    gl.static_assert((D1 == 0) | (D1 * 2 == D0), "a head-dim bucket is a power of two or 1.5 times one")
     if not WIDE:
         gl.static_assert(HALF_N == 64 and BLOCK_D <= 128, "two consumer warpgroups of 64 keys")
     if ACCUMULATE_DQ:
         gl.static_assert(BLOCK_D >= 64 and BLOCK_D <= 128, "dQ accumulation: 32-column slices of dQ, the staging "
                          "tiles within shared memory")
+    if WIDE or ACCUMULATE_DQ:
+        gl.static_assert(D1 == 0, "the head dim in two pieces: the two-warpgroup form without dQ accumulation")
 
     pid_n = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -424,7 +485,7 @@ def attn_bwd_dkdv_sm90(
     k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
     start_n = pid_n * BLOCK_N
 
-    swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
+    swizzle: gl.constexpr = 128 if D0 * 2 >= 128 else D0 * 2
     tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
     row3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=3)
     vector_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -437,17 +498,36 @@ def attn_bwd_dkdv_sm90(
     # swizzle pattern: below d128 that takes a narrower swizzle.
     k_swizzle: gl.constexpr = BLOCK_D if ACCUMULATE_DQ and WIDE and BLOCK_D < swizzle else swizzle
     k_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=k_swizzle, element_bitwidth=16, rank=2)
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, BLOCK_D], k_layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, BLOCK_D], tile_layout)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, D0], k_layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, D0], tile_layout)
     q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim], [stride_qs, stride_qh, 1],
-                                        [BLOCK_M, 1, BLOCK_D], row3_layout)
+                                        [BLOCK_M, 1, D0], row3_layout)
     do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim], [stride_dos, stride_doh, 1],
-                                         [BLOCK_M, 1, BLOCK_D], row3_layout)
+                                         [BLOCK_M, 1, D0], row3_layout)
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], k_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_D], tile_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_D], row3_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, D0], k_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, D0], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, D0], row3_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, D0], row3_layout)
+    # The second piece: columns D0 and up (head_dim - D0 of them; TMA zero-fills the rest of D1
+    # and the stores are masked). Without one, its arguments repeat the first piece's, unused.
+    k_desc1, v_desc1, q_desc1, do_desc1 = k_desc, v_desc, q_desc, do_desc
+    k_smem1, v_smem1, q_smem1, do_smem1 = k_smem, v_smem, q_smem, do_smem
+    if D1 > 0:
+        swizzle1: gl.constexpr = 128 if D1 * 2 >= 128 else D1 * 2
+        layout1: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle1, element_bitwidth=16, rank=2)
+        row3_layout1: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle1, element_bitwidth=16, rank=3)
+        rest = head_dim - D0
+        k_desc1 = tma.make_tensor_descriptor(k_base + D0, [seqlen_k, rest], [stride_ks, 1], [HALF_N, D1], layout1)
+        v_desc1 = tma.make_tensor_descriptor(v_base + D0, [seqlen_k, rest], [stride_vs, 1], [HALF_N, D1], layout1)
+        q_desc1 = tma.make_tensor_descriptor(q_base + D0, [seqlen_q, kv_group_size, rest], [stride_qs, stride_qh, 1],
+                                             [BLOCK_M, 1, D1], row3_layout1)
+        do_desc1 = tma.make_tensor_descriptor(do_base + D0, [seqlen_q, kv_group_size, rest],
+                                              [stride_dos, stride_doh, 1], [BLOCK_M, 1, D1], row3_layout1)
+        k_smem1 = gl.allocate_shared_memory(dtype, [2, HALF_N, D1], layout1)
+        v_smem1 = gl.allocate_shared_memory(dtype, [2, HALF_N, D1], layout1)
+        q_smem1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, D1], row3_layout1)
+        do_smem1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, D1], row3_layout1)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vector_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vector_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -505,7 +585,8 @@ def attn_bwd_dkdv_sm90(
                                 ACCUMULATE_DQ, CARRIED)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES, CARRIED)),
+                     lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1,
+                     q_smem1, do_smem1, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
         ], [4, PRODUCER_WARPS], [240, 24])
         for b in gl.static_range(2):
             mbarrier.invalidate(tile_ready.index(b))
@@ -524,18 +605,19 @@ def attn_bwd_dkdv_sm90(
                            alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                           ds_smem, ds_ready, dqa_desc, dq_smem0, 0, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
-                           ACCUMULATE_DQ, CARRIED)),
+                           ds_smem, ds_ready, dqa_desc, dq_smem0, k_smem1, v_smem1, q_smem1, do_smem1,
+                           0, HALF_N, BLOCK_M, D0, STAGES, SCORE_MOD, ACCUMULATE_DQ, CARRIED, D1)),
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
                            alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                           ds_smem, ds_ready, dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
-                           ACCUMULATE_DQ, CARRIED)),
+                           ds_smem, ds_ready, dqa_desc, dq_smem1, k_smem1, v_smem1, q_smem1, do_smem1,
+                           1, HALF_N, BLOCK_M, D0, STAGES, SCORE_MOD, ACCUMULATE_DQ, CARRIED, D1)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                     lo, full_lo, full_hi, n_full, n_tiles, HALF_N, BLOCK_M, STAGES, CARRIED)),
+                     lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1,
+                     q_smem1, do_smem1, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
         ], [4, PRODUCER_WARPS], [240, 24])
 
     mbarrier.invalidate(kv_ready)

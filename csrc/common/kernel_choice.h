@@ -45,8 +45,8 @@ const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DTyp
 // The variant of kernel K with `flags` if the build has it, else with `fallback`: for flags that
 // only pick a faster code path, which configs.json's "exclude" may leave out on some archs. It
 // comes from the smallest bucket holding head_dim that has either: a bucket may exist for some
-// flags only (attn_fwd's 96 and 192, in the Hopper kernel alone), and a larger one serves its
-// head dims too.
+// flags only (attn_fwd's 96 and 192 and attn_bwd_dkdv's 96, in the Hopper kernels alone), and a
+// larger one serves its head dims too.
 template <typename K>
 runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
                               const typename K::Flags& flags, const typename K::Flags& fallback) {

@@ -7,7 +7,7 @@ samples: one sample_inputs generator per op, and running an op on fake tensors;
 library: the stable-ABI contract of a built libfattn.so;
 compile: telling a recompile from a first compile under torch.compile;
 interpreter: running a kernel script under Triton's interpreter;
-profiled: which kernels a GPU call launched, and with which grids;
+profiled: which kernels a GPU call launched, with which grids and shared memory;
 ring: the ring schedule's designed point-to-point traffic.
 """
 
@@ -24,7 +24,7 @@ from .kvcache import (
 )
 from .library import check_stable_abi, skip_without_ptx
 from .paged_varlen import check_paged_varlen, paged_varlen_inputs
-from .profiled import kernels_launched, launch_grids
+from .profiled import kernels_launched, launch_args, launch_grids
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
     check_fake_raises_like_op, decode_samples, forward_samples, merge_samples, reference_variant, VARLEN_BACKWARD,

@@ -21,12 +21,18 @@ def kernels_launched(fn) -> set[str]:
     return {e.name for e in _profile(fn).events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
-def launch_grids(fn, kernel: str) -> list[tuple[int, int, int]]:
-    """The grid of each launch of `kernel` in fn, from the profiler's trace."""
+def launch_args(fn, kernel: str, key: str) -> list:
+    """One launch property (the profiler trace's `key`: "grid", "shared memory", ...) of each
+    launch of `kernel` in fn."""
     prof = _profile(fn)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    return [tuple(e["args"]["grid"]) for e in events if e.get("name") == kernel and "grid" in e.get("args", {})]
+    return [e["args"][key] for e in events if e.get("name") == kernel and key in e.get("args", {})]
+
+
+def launch_grids(fn, kernel: str) -> list[tuple[int, int, int]]:
+    """The grid of each launch of `kernel` in fn, from the profiler's trace."""
+    return [tuple(g) for g in launch_args(fn, kernel, "grid")]

@@ -30,7 +30,8 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
   problem at the padded head dim, where no copy is needed; --tokens per step, 16 heads.
 - bucket (not in the default --studies): head dims between powers of two, each of
   --bucket-head-dims causal and not, against the same problem zero-padded to the next power of
-  two and SDPA flash and cuDNN at the head dim; --tokens per step at --mod-seqlen, 16 heads.
+  two and SDPA flash and cuDNN at the head dim; --tokens per step at --mod-seqlen, 16 heads;
+  with --bucket-softcap every call has that softcap (the SCORE_MOD 1 kernels) and SDPA is left out.
 Hidden size --hidden over head dim --head-dim heads; --tokens per step for the score_mod study.
 """
 
@@ -314,11 +315,14 @@ def bucket_study(results, args, direction):
         for causal in (False, True):
             case = {"study": "bucket", "pass": direction, "head_dim": d, "pow2_head_dim": pow2, "seqlen": s,
                     "batch": b, "heads": h, "causal": causal}
-            impls = {"fattn": lambda q, k, v, c=causal: fattn.flash_attn_func(q, k, v, causal=c),
+            cap = args.bucket_softcap
+            if cap:
+                case["softcap"] = cap
+            impls = {"fattn": lambda q, k, v, c=causal: fattn.flash_attn_func(q, k, v, causal=c, softcap=cap),
                      "fattn-at-pow2": lambda q, k, v, c=causal, d=d: fattn.flash_attn_func(
-                         q, k, v, causal=c, softmax_scale=d ** -0.5)}
+                         q, k, v, causal=c, softmax_scale=d ** -0.5, softcap=cap)}
             inputs = {"fattn": (q, k, v), "fattn-at-pow2": (qp, kp, vp)}
-            for name, backend in sdpa_peers(args.device).items():
+            for name, backend in ({} if cap else sdpa_peers(args.device)).items():  # SDPA has no softcap
                 def sdpa(q, k, v, backend=backend, c=causal):
                     with sdpa_kernel(backend):
                         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=c)
@@ -349,6 +353,8 @@ def parse_args(argv):
     parser.add_argument("--bias-seqlen", type=int, default=4096)
     parser.add_argument("--pad-head-dims", default="59,100")
     parser.add_argument("--bucket-head-dims", default="80,96,160,192", help="bucket study: head dims to time")
+    parser.add_argument("--bucket-softcap", type=float, default=0.0,
+                        help="bucket study: a softcap for every call (> 0: the SCORE_MOD 1 kernels; no SDPA peers)")
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")

@@ -130,12 +130,18 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
             f"{_c_string(row['function'])}}},")
     if not rows:
         lines.append("  {}")  # keeps the array legal; kernel_table_size() reports 0
+    crossovers = tile_loop_rows(config)
+    lines += ["};", "const TileLoopRows kTileLoopRows[] = {"]
+    lines += [f"  {{{r['arch']}, {r['bucket']}, {r['from_rows']}, {r['from_rows_right_edge']}}},"
+              for r in crossovers] or ["  {}"]
     lines += [
         "};",
         "}  // namespace",
         "",
         "const KernelEntry* kernel_table() { return kEntries; }",
         f"size_t kernel_table_size() {{ return {len(rows)}; }}",
+        "const TileLoopRows* tile_loop_rows() { return kTileLoopRows; }",
+        f"size_t tile_loop_rows_size() {{ return {len(crossovers)}; }}",
         "const unsigned char* kernel_blob() { return fattn_kernel_blob; }",
         f"const char* kernel_triton_version() {{ return {_c_string(triton_version)}; }}",
         "",
@@ -143,6 +149,17 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
         "",
     ]
     return "\n".join(lines)
+
+
+def tile_loop_rows(config: dict) -> list[dict]:
+    """attn_fwd's tuned TILE_LOOP crossovers (grid.load_config puts tuned/sm<arch>.json's
+    "tile_loop" under config["tile_loop"][arch]), one row per (arch, bucket), for the table."""
+    rows = []
+    for arch, kernels in sorted(config.get("tile_loop", {}).items(), key=lambda kv: int(kv[0])):
+        for bucket, entry in sorted(kernels.get("attn_fwd", {}).items(), key=lambda kv: int(kv[0])):
+            rows.append({"arch": int(arch), "bucket": int(bucket), "from_rows": int(entry["from_rows"]),
+                         "from_rows_right_edge": int(entry["from_rows_right_edge"])})
+    return rows
 
 
 def _launchers_h(config: dict) -> str:

@@ -49,12 +49,17 @@ class Variant:
 
 def load_config(path: Path = CONFIG_PATH, tuned_dir: Path = TUNED_DIR) -> dict:
     """configs.json with the tiles the offline tuner chose (tuned/sm<arch>.json) filled in. A
-    (kernel, arch, bucket) tile lives in one of the two files: one in both is an error."""
+    (kernel, arch, bucket) tile lives in one of the two files: one in both is an error. The
+    tuned TILE_LOOP crossovers (aot_build/tune_tile_loop.py) go to config["tile_loop"][arch]."""
     with open(path) as f:
         config = json.load(f)
     for tuned in sorted(Path(tuned_dir).glob("sm*.json")):
         data = json.loads(tuned.read_text())
         arch = str(data["arch"])
+        for kernel, buckets in data.get("tile_loop", {}).get("kernels", {}).items():
+            if "TILE_LOOP" not in config["kernels"].get(kernel, {}).get("flags", {}):
+                raise GridError(f"{tuned.name} has TILE_LOOP crossovers for {kernel}, which has no TILE_LOOP flag")
+            config.setdefault("tile_loop", {}).setdefault(arch, {})[kernel] = buckets
         for kernel, buckets in data["kernels"].items():
             if kernel not in config["kernels"]:
                 raise GridError(f"{tuned.name} tunes {kernel}, which configs.json does not list")

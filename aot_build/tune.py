@@ -13,6 +13,9 @@ Accuracy rule (the GPU tests' rule): on a check problem with ragged lengths and 
 output (out; dk and dv; dq) is within 2x the error of PyTorch's own bf16 computation against
 float64, causal and not; and the timed shapes' outputs are finite.
 
+Where the grid builds a bucket's forward both ways (attn_fwd and its looping implementation), the
+length that picks between them is tuned by aot_build/tune_tile_loop.py, into the same file.
+
 The result goes to aot_build/tuned/sm<arch>.json (merged into an existing file of that arch):
 the chosen config of each (kernel, bucket) with every candidate's measurements beside it.
 aot_build reads the chosen configs in place of configs.json's (aot_build/grid.py), so a
@@ -89,6 +92,23 @@ def _time_ms(fn, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def graph_replay(fn):
+    """fn captured in a CUDA graph (run once outside it first, so that Triton compiles), as a
+    callable that replays it: a JIT launch timed without its host time."""
+    import torch
+
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        fn()
+    torch.cuda.current_stream().wait_stream(warm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 class Problem:

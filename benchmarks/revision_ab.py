@@ -92,7 +92,8 @@ def load_revision(rev: str, directory: Path):
 
 def op_programs(tiles: int, pairs: int, heavy_first: bool, sms: int) -> int:
     """The op's programs per (head, batch) for the looping forward
-    (csrc/attention/query_tile_programs.cpp, written again here for the JIT launch)."""
+    (csrc/attention/query_tile_programs.cpp, written again here for the JIT launch, which may run
+    without a built library; tests/test_library.py checks it against the library's)."""
     if tiles <= 1 or (heavy_first and tiles <= 4):
         return tiles
     best, best_cost = tiles, 1 << 62

@@ -35,14 +35,15 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
     "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
 }
-# Queries and keys per call: 200 each, but d64 runs the Hopper forward for causal calls from 8192
-# queries only and d128 above 512 (csrc/attention/query_tile_programs.h; below, attn_fwd serves
-# them); d64's 400 keys give the last query tiles
+# Queries and keys per call: 200 each, but the causal d64 and d128 calls need more queries than
+# the tuned crossovers from which the op asks for the Hopper forward (aot_build/tuned/sm90.json,
+# csrc/attention/query_tile_programs.h; below them attn_fwd serves them, and --check-launch
+# fails); d64's 400 keys give the last query tiles
 # three and four key tiles, so the two-slot K/V ring refills slots the consumers released. The
 # d64 backward with dQ accumulated has four Q/dO slots: 640 rows give the first key tiles ten
 # query tiles, so its ring refills them too; so do the Hopper dQ's four K/V slots with 400 keys
 # (seven 64-key tiles for the last query tile).
-SEQLEN_Q = {"forward-d64": 8192, "forward-d128": 640, "backward-d64": 640, "dq-d128": 400}
+SEQLEN_Q = {"forward-d64": 8192, "forward-d128": 1024, "backward-d64": 640, "dq-d128": 400}
 SEQLEN_K = {"forward-d64": 400, "forward-d96": 400, "backward-d64": 640, "dq-d128": 400}
 
 

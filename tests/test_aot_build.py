@@ -110,6 +110,44 @@ def test_tuned_tiles_fill_the_grid_and_may_not_repeat_configs_json(tmp_path):
                for b in (32, 64, 128, 256))
 
 
+def test_tuned_tile_loop_crossovers_reach_the_kernel_table(tmp_path):
+    # tune_tile_loop.py's crossovers (tuned/sm<arch>.json "tile_loop") go through load_config to
+    # the table's TileLoopRows, one per (arch, bucket); only a family with a TILE_LOOP flag takes them.
+    from aot_build import emit
+
+    tuned = {"arch": 90, "kernels": {}, "tile_loop": {"kernels": {"attn_fwd": {
+        "64": {"from_rows": 4000, "from_rows_right_edge": 8000}, "128": {"from_rows": 1, "from_rows_right_edge": 768}}}}}
+    (tmp_path / "sm90.json").write_text(json.dumps(tuned))
+    config = grid.load_config(tuned_dir=tmp_path)
+    assert emit.tile_loop_rows(config) == [
+        {"arch": 90, "bucket": 64, "from_rows": 4000, "from_rows_right_edge": 8000},
+        {"arch": 90, "bucket": 128, "from_rows": 1, "from_rows_right_edge": 768}]
+    table = emit._table_cpp([], tmp_path / "kernels.bin", "3.6.0", config)
+    assert "{90, 64, 4000, 8000}," in table and "size_t tile_loop_rows_size() { return 2; }" in table
+    tuned["tile_loop"]["kernels"] = {"attn_bwd_dq": {"64": {"from_rows": 1, "from_rows_right_edge": 1}}}
+    (tmp_path / "sm90.json").write_text(json.dumps(tuned))
+    with pytest.raises(grid.GridError, match="attn_bwd_dq, which has no TILE_LOOP flag"):
+        grid.load_config(tuned_dir=tmp_path)
+    # The shipped file has a row for every bucket the grid builds both ways on sm_90.
+    from aot_build.tune_tile_loop import buckets_built_both_ways
+
+    shipped = grid.load_config()
+    assert sorted(int(b) for b in shipped["tile_loop"]["90"]["attn_fwd"]) == buckets_built_both_ways(90) == [64, 128]
+
+
+def test_the_tile_loop_crossover_rule():
+    from aot_build.tune_tile_loop import NEVER, crossover
+
+    # Faster from 4096 on: between the last length it lost at and that one (geometric mean,
+    # rounded up to a multiple of 64); faster everywhere: from the first row; slower at the
+    # longest: never; a win below a loss does not count.
+    assert crossover([(512, 0.9), (1024, 0.95), (2048, 0.99), (4096, 1.05), (8192, 1.08), (16384, 1.02)]) == 2944
+    assert crossover([(1024, 1.2), (512, 1.1)]) == 1
+    assert crossover([(512, 1.1), (1024, 0.9)]) == NEVER
+    assert crossover([(512, 1.1), (1024, 0.9), (2048, 1.01)]) == 1472
+    assert crossover([]) == NEVER
+
+
 def test_every_arch_and_bucket_has_a_config():
     # Shared memory is checked for real at build time; here the config file itself is
     # kept honest: every (kernel, arch, bucket) with a variant of the family's own kernel resolves

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fattn
+from fattn._library import prefers_tile_loop
 from fattn.reference import attention_reference
 from helpers import check_accuracy, kernels_launched, launch_grids, make_qkv, requires_gpu
 
@@ -28,18 +29,21 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
 def test_the_hopper_kernel_serves_the_buckets_above_64(head_dim, options):
-    # 600 queries: d128 causal calls of up to 512 run attn_fwd (the next test).
-    q, k, v = make_qkv(2, 600, 600, 4, 2, head_dim, torch.bfloat16, "cuda")
+    # Causal calls in the 128 bucket run attn_fwd below the tuned crossover (the next test): these
+    # have more queries.
+    n = max(600, _tuned_crossover(128, True) + 100) if options.get("causal") else 600
+    q, k, v = make_qkv(2, n, n, 4, 2, head_dim, torch.bfloat16, "cuda")
     names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
 
 
 @pytest.mark.parametrize("case", ["causal 512", "causal 300", "window 500", "causal 513", "causal 1024",
                                   "non-causal 512", "softcap causal 512", "packed causal 512", "d96 causal 512"])
-def test_short_causal_d128_calls_run_attn_fwd(case):
-    # The build has both kernels at d128 without score modifications; the op asks for attn_fwd for
-    # up to 512 queries with a right edge (csrc/attention/query_tile_programs.h), the looping
-    # Hopper kernel otherwise, and for packed sequences, score modifications and the 96 bucket,
+def test_short_d128_calls_follow_the_tuned_crossover(case):
+    # The build has both kernels at d128 without score modifications; the op asks for the looping
+    # Hopper kernel from the rows aot_build/tuned/sm90.json's crossover gives (csrc/attention/
+    # query_tile_programs.h; the tuner found attn_fwd faster for short causal calls), attn_fwd
+    # below, and the looping kernel for packed sequences, score modifications and the 96 bucket,
     # which have that kernel alone.
     n = int(case.split()[-1])
     d = 96 if case.startswith("d96") else 128
@@ -53,7 +57,10 @@ def test_short_causal_d128_calls_run_attn_fwd(case):
         call = lambda: fattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, n, n, causal=True)  # noqa: E731
     else:
         call = lambda: fattn.flash_attn_func(q, k, v, **options)  # noqa: E731
-    want = "attn_fwd" if case in ("causal 512", "causal 300", "window 500") else "attn_fwd_sm90"
+    # Which of the two the tuned crossover picks for a dense call (the library's own rule).
+    dense_d128 = d == 128 and not case.startswith(("softcap", "packed"))
+    right_edge = case != "non-causal 512"
+    want = "attn_fwd_sm90" if not dense_d128 or prefers_tile_loop(90, 128, n, False, right_edge) else "attn_fwd"
     names = kernels_launched(call)
     assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), names
     if not case.startswith("packed"):
@@ -113,15 +120,24 @@ def test_programs_that_loop_over_query_tiles(shape, head_dim):
         check_accuracy(out, lse, q, k, v, None, causal, f"{shape} d{head_dim} {what}", **options)
 
 
+def _tuned_crossover(bucket: int, right_edge: bool) -> int:
+    """The sm_90 rows from which the op asks for the looping kernel, as the library holds them."""
+    row = next(r for r in fattn.build_info()["tile_loop"] if r["arch"] == 90 and r["bucket"] == bucket)
+    return row["from_rows_right_edge" if right_edge else "from_rows"]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("right_edge", [False, True], ids=["no-right-edge", "right-edge"])
 def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
     # d64 has both kernels on sm_90 without score modifications (configs.json): dense queries run
-    # the looping Hopper kernel (192-row tiles, three consumer warpgroups) from 4096 rows, or
-    # from 8192 with a right edge (causal, a window); shorter ones, packed sequences and the
-    # softcap attn_fwd (csrc/attention/query_tile_programs.h).
-    b, sq, sk, h, hk = (1, 8300, 3000, 8, 2) if right_edge else (2, 4500, 3000, 16, 4)
-    threshold = 8192 if right_edge else 4096
+    # the looping Hopper kernel (192-row tiles, three consumer warpgroups) from the tuned
+    # crossover's rows (aot_build/tuned/sm90.json, through the kernel table), without or with a
+    # right edge (causal, a window); shorter ones, packed sequences and the softcap attn_fwd
+    # (csrc/attention/query_tile_programs.h). Here: 204 rows past the crossover, and one before it.
+    threshold = _tuned_crossover(64, right_edge)
+    assert 1 < threshold < 16384, f"d64 crossover at {threshold} rows: the cases below need one between"
+    sq = threshold + 204
+    b, sk, h, hk = (1, 3000, 8, 2) if right_edge else (2, 3000, 16, 4)
     torch.manual_seed(sq)
     q, k, v = make_qkv(b, sq, sk, h, hk, 64, dtype, "cuda")
     tiles = -(-sq // 192)
@@ -156,7 +172,8 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
     softcap = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
     assert "attn_fwd" in softcap and "attn_fwd_sm90" not in softcap, f"softcap: {softcap}"
     causal = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, causal=True))
-    assert "attn_fwd" in causal and "attn_fwd_sm90" not in causal, f"causal, {sq} queries: {causal}"
+    want = "attn_fwd_sm90" if sq >= _tuned_crossover(64, True) else "attn_fwd"
+    assert want in causal and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(causal), f"causal, {sq}: {causal}"
 
 
 @pytest.mark.parametrize("softmax_scale", [-0.3, 0.0, 0.02])

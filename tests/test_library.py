@@ -83,3 +83,46 @@ def test_module_load_counts_are_exported_and_zero_without_cuda_calls():
     q = torch.randn(1, 5, 2, 16)
     fattn.flash_attn_func(q, q, q)
     assert module_loads() == {"attempts": 0, "functions": 0}
+
+
+def test_the_forward_picks_its_looping_kernel_by_the_tuned_crossovers():
+    # The op's rule (csrc/attention/query_tile_programs.h) reads the crossovers aot_build/tune_tile_loop.py
+    # wrote into aot_build/tuned/sm<arch>.json, through the kernel table: each flips at its row.
+    from fattn import _library as library
+
+    tuned = {}
+    for path in (ROOT / "aot_build" / "tuned").glob("sm*.json"):
+        data = json.loads(path.read_text())
+        for bucket, entry in data.get("tile_loop", {}).get("kernels", {}).get("attn_fwd", {}).items():
+            tuned[(data["arch"], int(bucket))] = entry
+    assert tuned, "no tuned TILE_LOOP crossovers"
+    assert {(r["arch"], r["bucket"]) for r in fattn.build_info()["tile_loop"]} == set(tuned)
+    never = 1 << 62
+    for (arch, bucket), entry in tuned.items():
+        for right_edge, key in ((False, "from_rows"), (True, "from_rows_right_edge")):
+            rows = entry[key]
+            assert library.prefers_tile_loop(arch, bucket, rows, False, right_edge) == (rows < never)
+            assert not library.prefers_tile_loop(arch, bucket, rows - 1, False, right_edge) or rows == 1
+        # Packed sequences: attn_fwd at d64, the looping kernel above, whatever the length.
+        assert library.prefers_tile_loop(arch, bucket, 1 << 20, True, False) == (bucket > 64)
+    # Without a tuned row the op asks for the looping kernel (the build's only one there, or the
+    # fallback takes the other).
+    assert library.prefers_tile_loop(90, 96, 1, False, True) and library.prefers_tile_loop(80, 64, 1, False, False)
+
+
+def test_the_jit_launch_copy_of_the_programs_rule_matches_the_op():
+    # benchmarks/revision_ab.py launches the looping forward with the op's programs per (head,
+    # batch), written again in Python: it must give what the library's rule gives.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from revision_ab import op_programs
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from fattn import _library as library
+
+    for tiles in (1, 2, 3, 4, 5, 8, 22, 32, 64, 128):
+        for pairs in (1, 16, 64, 128, 512, 4096):
+            for sms in (1, 78, 132):
+                for heavy in (False, True):
+                    assert op_programs(tiles, pairs, heavy, sms) == library.query_tile_programs(tiles, pairs, sms, heavy), \
+                        (tiles, pairs, sms, heavy)

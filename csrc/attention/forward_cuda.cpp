@@ -24,7 +24,10 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const bool packed = cu_seqlens_q.has_value();
   // Where the build has both kernels of a bucket, the length picks one; elsewhere the one
   // built serves every length.
-  const bool tile_loop = prefers_tile_loop(s.seqlen_q, s.head_dim, packed, variant.window_right >= 0);
+  const ArchChoice arch = choose_arch(op, attn_fwd::kId, attn_fwd::kName, q.get_device_index());
+  const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(q.scalar_type()),
+                                   s.head_dim);
+  const bool tile_loop = prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
   const auto fwd = choose_or<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
                                        {.SCORE_MOD = variant.score_mod(), .TILE_LOOP = tile_loop},
                                        {.SCORE_MOD = variant.score_mod(), .TILE_LOOP = !tile_loop});

@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "runtime/kernel_table.h"
+
 namespace fattn {
 
 namespace {
@@ -11,16 +13,19 @@ constexpr int64_t kSetupTiles = 2;
 // At most this many query tiles with a right edge: one tile per program measured faster
 // (d256, 512 tokens, causal: two tiles per program ran at 0.86x).
 constexpr int64_t kShortHeavyFirst = 4;
-// Query rows from which the looping kernel is asked for first at d64 (prefers_tile_loop), without
-// and with a right edge; above d64, the rows up to which attn_fwd is, with a right edge.
-constexpr int64_t kTileLoopFromRows = 4096;
-constexpr int64_t kTileLoopFromRowsRightEdge = 8192;
-constexpr int64_t kOneTileUpToRowsRightEdge = 512;
+// Packed sequences: the looping kernel above this bucket (prefers_tile_loop).
+constexpr int kPackedTileLoopAbove = 64;
 }  // namespace
 
-bool prefers_tile_loop(int64_t seqlen_q, int64_t head_dim, bool packed, bool right_edge) {
-  if (head_dim > 64) return packed || !right_edge || seqlen_q > kOneTileUpToRowsRightEdge;
-  return !packed && seqlen_q >= (right_edge ? kTileLoopFromRowsRightEdge : kTileLoopFromRows);
+bool prefers_tile_loop(int arch, int bucket, int64_t seqlen_q, bool packed, bool right_edge) {
+  if (packed) return bucket > kPackedTileLoopAbove;
+  const runtime::TileLoopRows* rows = runtime::tile_loop_rows();
+  for (size_t i = 0; i < runtime::tile_loop_rows_size(); ++i) {
+    if (rows[i].arch == arch && rows[i].bucket == bucket) {
+      return seqlen_q >= (right_edge ? rows[i].from_rows_right_edge : rows[i].from_rows);
+    }
+  }
+  return true;
 }
 
 int64_t query_tile_programs(int64_t tiles, int64_t sequence_heads, int64_t sms, bool heavy_first) {

@@ -8,18 +8,15 @@
 
 namespace fattn {
 
-// Whether the forward asks for a TILE_LOOP variant first. Where the build has both (sm_90,
-// configs.json: d64, and d128 without score modifications), it picks by length:
-// - d64: dense queries of at least 4096 rows run the looping kernel, which measured 1.02-1.10x
-//   attn_fwd there on the H100 (NOTES.md T14) and 0.47-1.00x from 512 to 2048 rows (T13); with a
-//   right edge (causal, a window) from 8192 rows, since its 192-row tiles ran 4096 causal rows at
-//   0.93x the 128-row ones, where attn_fwd ran at 0.93-0.98x (T14, T18). Packed sequences, where
-//   the Hopper kernel measured slower than attn_fwd at d64 (T6), keep attn_fwd.
-// - above d64: the looping kernel but for up to 512 rows with a right edge, where attn_fwd ran
-//   1.17x it at d128 on the H200 (at 1024 rows 0.89x: NOTES.md T25); packed sequences keep the
-//   looping kernel.
-// Where the build has one of the two, it serves every length.
-bool prefers_tile_loop(int64_t seqlen_q, int64_t head_dim, bool packed, bool right_edge);
+// Whether the forward asks for a TILE_LOOP variant first, for `arch` and head-dim `bucket`.
+// Where the build has both (sm_90, configs.json: d64, and d128 without score modifications),
+// dense calls pick by length: the looping kernel from the query rows the offline tuner found
+// it faster from (runtime::tile_loop_rows(): aot_build/tune_tile_loop.py), without and with a
+// right edge (causal, a window). Packed sequences, whose lengths differ, keep attn_fwd at d64,
+// where the Hopper kernel measured slower for them (NOTES.md T6), and the looping kernel above.
+// Without a tuned row it asks for the looping kernel; where the build has one of the two, that
+// one serves every length.
+bool prefers_tile_loop(int arch, int bucket, int64_t seqlen_q, bool packed, bool right_edge);
 
 // Programs per (head, sequence) for `tiles` query tiles each, `sequence_heads` (head, sequence)
 // pairs and `sms` multiprocessors; `heavy_first`: later query tiles see more keys (causal, a

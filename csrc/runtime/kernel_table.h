@@ -47,8 +47,21 @@ struct KernelEntry {
   const char* ptx() const;
 };
 
+// Where a kernel family has programs that loop over query tiles (attn_fwd's TILE_LOOP) and
+// one-tile programs in the same bucket, the query rows from which the looping variant ran
+// faster, without and with a right edge (causal, a window): measured by the offline tuner
+// (aot_build/tune_tile_loop.py, aot_build/tuned/sm<arch>.json).
+struct TileLoopRows {
+  int arch;
+  int bucket;
+  int64_t from_rows;
+  int64_t from_rows_right_edge;
+};
+
 const KernelEntry* kernel_table();
 size_t kernel_table_size();
+const TileLoopRows* tile_loop_rows();
+size_t tile_loop_rows_size();
 const unsigned char* kernel_blob();
 const char* kernel_triton_version();
 const char* dtype_tag(DType dtype);  // "fp16", "bf16", "fp32": Triton's names

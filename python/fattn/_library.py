@@ -45,6 +45,23 @@ def build_info() -> dict:
     return json.loads(fn().decode())
 
 
+def prefers_tile_loop(arch: int, bucket: int, seqlen_q: int, packed: bool, right_edge: bool) -> bool:
+    """Whether the forward asks for its looping kernel (attn_fwd's TILE_LOOP) first for such a
+    call: the op's own rule (csrc/attention/query_tile_programs.h), over the tuned crossovers."""
+    fn = _ctypes_handle().fattn_prefers_tile_loop
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    return bool(fn(arch, bucket, seqlen_q, int(packed), int(right_edge)))
+
+
+def query_tile_programs(tiles: int, sequence_heads: int, sms: int, heavy_first: bool) -> int:
+    """The programs per (head, sequence) the op gives the looping forward: the op's own rule."""
+    fn = _ctypes_handle().fattn_query_tile_programs
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    return fn(tiles, sequence_heads, sms, int(heavy_first))
+
+
 def pick_path(kernel: str, major: int, minor: int) -> tuple[int, bool] | None:
     """(arch, from_ptx): the compiled arch whose code would serve a GPU of this compute
     capability, and whether that is its PTX (a GPU newer than every cubin); None if none."""

@@ -91,18 +91,22 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     (72, False, dict(window_size=(30, 30)), "attn_bwd_dq_sm90"), (64, False, dict(p=0.1), "attn_bwd_dq"),
     (128, False, dict(softcap=30.0), "attn_bwd_dkdv_sm90"), (96, False, dict(softcap=30.0), "attn_bwd_dq_sm90"),
     (128, True, dict(softcap=30.0), "attn_bwd_dq_sm90"), (128, False, dict(p=0.1), "attn_bwd_dq"),
-    (256, False, dict(), "attn_bwd_dq"),
+    (256, False, dict(), "attn_bwd_dq"), (128, False, dict(alibi=True), "attn_bwd_dq_sm90"),
+    (128, False, dict(alibi=True, softcap=30.0), "attn_bwd_dkdv_sm90"),
 ], ids=["d64", "d64-softcap", "d40-window", "d64-deterministic", "d128", "d128-causal-deterministic",
         "d72-window", "d64-dropout", "d128-softcap", "d96-softcap", "d128-softcap-deterministic", "d128-dropout",
-        "d256"])
+        "d256", "d128-alibi", "d128-alibi-softcap"])
 def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     # served_by: the kernel that computes dQ. A dQ kernel runs exactly when the dK/dV pass does
     # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 and d128 SCORE_MOD 1
-    # only; d65-d96 take the 96 bucket, which has none); from d65 to d128 without bias or dropout it
-    # is the Hopper one (attn_bwd_dq_sm90).
+    # only; d65-d96 take the 96 bucket, which has none, and d128 ALiBi without a softcap its SCORE_MOD
+    # 3 variant, which has none); from d65 to d128 without bias or dropout it is the Hopper one
+    # (attn_bwd_dq_sm90).
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     options = dict(options)
     p = options.pop("p", 0.0)
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = torch.rand(4, device="cuda") * 0.3
     names = kernels_launched(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
     dq_kernels = names & {"attn_bwd_dq", "attn_bwd_dq_sm90"}
     assert dq_kernels == (set() if served_by == "attn_bwd_dkdv_sm90" else {served_by}), names
@@ -204,6 +208,21 @@ def test_windows_and_score_modifications(options, head_dim):
     if options.get("alibi_slopes") == "heads":
         options = dict(options, alibi_slopes=torch.rand(8, device="cuda") * 0.3)
     check_variant_gradients(q, k, v, str(options), causal=True, **options)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,heads,kv_heads", [(1000, 1000, 8, 2), (333, 1000, 4, 4), (1000, 129, 8, 1)])
+def test_alibi_without_softcap_runs_its_own_d128_variant(seqlen_q, seqlen_k, heads, kv_heads):
+    # d128 ALiBi without a softcap: the Hopper kernel's SCORE_MOD 3 variant (the 128-key form, its
+    # code without the softcap's), deterministic or not, where SCORE_MOD 1 ran attn_bwd_dkdv
+    # (deterministic) or the wide-head form with dQ accumulated. Gradients against float64 with
+    # ALiBi offsets from the diagonal (seqlen_q != seqlen_k), windows and GQA.
+    torch.manual_seed(seqlen_q + seqlen_k + heads)
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, heads, kv_heads, 128, torch.bfloat16, "cuda")
+    slopes = torch.rand(2, heads, device="cuda") * 0.3
+    names = kernels_launched(lambda: _backward(q, k, v, alibi_slopes=slopes, deterministic=True))
+    assert "attn_bwd_dkdv_sm90" in names and "attn_bwd_dkdv" not in names, names
+    for options in (dict(causal=True), dict(), dict(window_size=(200, 50))):
+        check_variant_gradients(q, k, v, f"alibi {options}", alibi_slopes=slopes, **options)
 
 
 @pytest.mark.parametrize("d", [64, 96, 128, 256])

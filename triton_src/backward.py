@@ -168,10 +168,12 @@ def attn_bwd_dkdv(
 
     ACCUMULATE_DQ is the contract's deterministic=False form: the kernel also adds each tile
     pair's dQ (softmax_scale * dS K) into DQAccum, float32 laid out like Q and zeroed by the op,
-    which then launches no attn_bwd_dq; the order of the additions varies between runs. Only
-    the Hopper implementation (backward_sm90.py) has it: configs.json builds no such variant of
-    this kernel."""
+    which then launches no attn_bwd_dq; the order of the additions varies between runs.
+    SCORE_MOD 3 is SCORE_MOD 1 for ALiBi without a softcap (softcap_log2 0), whose code leaves
+    the softcap out. Only the Hopper implementation (backward_sm90.py) has either: configs.json
+    builds no such variant of this kernel."""
     tl.static_assert(not ACCUMULATE_DQ, "attn_bwd_dkdv has no dQ accumulation (configs.json builds none)")
+    tl.static_assert(SCORE_MOD != 3, "attn_bwd_dkdv has no ALiBi-only variant (configs.json builds none)")
     pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -298,7 +300,9 @@ def attn_bwd_dq(
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias, dropout and segment ids (SegmentSpans
-    per query tile of BLOCK_M) as in attn_fwd."""
+    per query tile of BLOCK_M) as in attn_fwd. SCORE_MOD 3 (ALiBi without a softcap, its code left
+    out) exists in the Hopper implementation (backward_dq_sm90.py) alone."""
+    tl.static_assert(SCORE_MOD != 3, "attn_bwd_dq has no ALiBi-only variant (configs.json builds none)")
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)

@@ -15,7 +15,8 @@ registers as the last product's A operand.
 Tiles are visited as in attn_bwd_dq: the fully visible ones first without a mask, then the
 window's edges and the end of the keys (forward_sm90._key_tiles). Supported: SCORE_MOD 0 and 1
 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids; configs.json keeps SCORE_MOD 2
-(bias, dropout) on attn_bwd_dq. The op guarantees what TMA needs, as for the forward.
+(bias, dropout) on attn_bwd_dq. SCORE_MOD 3, ALiBi without a softcap, is this kernel's alone
+(attn_bwd_dq's contract). The op guarantees what TMA needs, as for the forward.
 """
 
 from triton.experimental import gluon
@@ -25,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .backward import ATTN_BWD_DQ
-from .common import key_visible, lse_log2, modified_scores, segment_ids, sequence_span
+from .common import alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, sequence_span
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
 from .spec import KernelSpec
 
@@ -60,8 +61,11 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
     if SCORE_MOD:
         # The rows stay put through this kernel's loop, so the offset joins their diagonal once; on
         # the key side it cost a subtraction per column and tile (4-5 % of dQ's time at d128).
-        s, dcap = modified_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, softcap_log2,
-                                  alibi_log2, 0)
+        if SCORE_MOD == 3:  # ALiBi without a softcap: none of the softcap's code
+            s = alibi_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, alibi_log2, 0)
+        else:
+            s, dcap = modified_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, softcap_log2,
+                                      alibi_log2, 0)
     p = gl.exp2(s - lse[:, None])
     if j >= n_full:
         visible = key_visible(rows[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -69,7 +73,7 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
         p = gl.where(visible, p, 0.0)
-    if SCORE_MOD:
+    if SCORE_MOD == 1:
         p = p * dcap  # the softcap's derivative
     return p * (dp - delta[:, None])
 

@@ -33,7 +33,9 @@ A 96 bucket (two-warpgroup form, no dQ accumulation) runs the head dim in two pi
 columns, each with its own descriptors, tiles and products (forward_sm90.py's split).
 
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
-configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv.
+configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv. SCORE_MOD 3 is ALiBi without a
+softcap, this kernel's alone: without the softcap's tanh and derivative tile, the 128-key form's
+consumers fit their registers at d128 with ALiBi (attn_bwd_dkdv's contract says so).
 """
 
 from triton.experimental import gluon
@@ -46,7 +48,7 @@ from triton._C.libtriton import ir
 
 from .backward import ATTN_BWD_DKDV
 from .common import (
-    key_visible, lse_log2, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
+    alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_query_range,
 )
 from .spec import KernelSpec
@@ -268,8 +270,11 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None],
-                                            diagonal, softcap_log2, alibi_log2, alibi_offset)
+                if SCORE_MOD == 3:
+                    s_t = alibi_scores(s_t, rows[None, :], keys[:, None], diagonal, alibi_log2, alibi_offset)
+                else:
+                    s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None],
+                                                diagonal, softcap_log2, alibi_log2, alibi_offset)
             p_t = gl.exp2(s_t - lse[None, :])
             if i >= n_full:
                 visible = key_visible(rows[None, :], keys[:, None], seqlen_k, diagonal, window_left, window_right)
@@ -282,7 +287,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
             if D1 > 0:
                 dv1 = warpgroup_mma(gl.convert_layout(p_op, a_layout1), do_tile1, dv1, is_async=True)
-            if SCORE_MOD:
+            if SCORE_MOD == 1:
                 p_t = p_t * dcap  # the softcap's derivative, folded in now: one [64, 64] tile fewer live
             delta = delta_smem.index(stage).load(row_layout)
             dp_t = warpgroup_mma_wait(PIECES, deps=(dp_t, ))
@@ -379,8 +384,11 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                s, dcap = modified_scores(s, rows[:, None], keys[None, :],
-                                          diagonal, softcap_log2, alibi_log2, alibi_offset)
+                if SCORE_MOD == 3:
+                    s = alibi_scores(s, rows[:, None], keys[None, :], diagonal, alibi_log2, alibi_offset)
+                else:
+                    s, dcap = modified_scores(s, rows[:, None], keys[None, :],
+                                              diagonal, softcap_log2, alibi_log2, alibi_offset)
             p = gl.exp2(s - lse[:, None])
             if i >= n_full:
                 visible = key_visible(rows[:, None], keys[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -389,7 +397,7 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                     visible = visible & (q_seg[:, None] == kv_seg[None, :])
                 p = gl.where(visible, p, 0.0)
             pt_smem.index(buf).slice(HALF * HALF_N, HALF_N).store(gl.permute(p.to(dtype), (1, 0)))
-            if SCORE_MOD:
+            if SCORE_MOD == 1:
                 p = p * dcap
             delta = delta_smem.index(stage).load(row_layout)
             dp = warpgroup_mma_wait(0, deps=(dp, ))

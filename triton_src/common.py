@@ -281,6 +281,13 @@ def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2, alibi_
         dscores = qk * 0.0 + 1.0
     # Unconditional: a runtime branch around it (skipping it for a softcap alone) measured 5 %
     # faster with the softcap alone but 12 % slower with ALiBi, forward and backward.
+    return alibi_scores(scores, q_idx, k_idx, diagonal, alibi_log2, alibi_offset), dscores
+
+
+@triton.jit
+def alibi_scores(scores, q_idx, k_idx, diagonal, alibi_log2, alibi_offset):
+    """The log2-domain scores minus ALiBi's slope * |q_idx + diagonal + alibi_offset - k_idx|
+    (modified_scores' second step; alone, for kernels built for ALiBi without a softcap)."""
     # The offset goes on the key side: on the query side it kept a second copy of the query
     # positions live through the loops (more spills in 9-11 of 20 sm_90 variants; NOTES.md R6).
     # Positions become floats before they meet: one conversion per row and per key of the tile
@@ -288,8 +295,7 @@ def modified_scores(qk, q_idx, k_idx, diagonal, softcap_log2, alibi_log2, alibi_
     # and the distance is one FADD whose absolute value is free. Exact below 2**24 positions.
     q_pos = (q_idx + diagonal).to(tl.float32)
     k_pos = (k_idx - alibi_offset).to(tl.float32)
-    scores -= alibi_log2 * tl.abs(q_pos - k_pos)
-    return scores, dscores
+    return scores - alibi_log2 * tl.abs(q_pos - k_pos)
 
 
 @triton.jit

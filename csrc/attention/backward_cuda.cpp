@@ -40,11 +40,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
   const int64_t score_mod = variant.score_mod();
-  const auto dkdv = choose_or<attn_bwd_dkdv>(op, device, dtype, s.head_dim,
-                                             {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = !deterministic},
-                                             {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = false});
+  // ALiBi without a softcap first takes the variants built without the softcap's code (SCORE_MOD
+  // 3, where configs.json has them: the Hopper kernels at d128; its dK/dV has no dQ part).
+  const int64_t dkdv_score_mod = score_mod == 1 && variant.softcap <= 0 ? 3 : score_mod;
+  const auto dkdv = choose_first<attn_bwd_dkdv>(op, device, dtype, s.head_dim,
+                                                {{.SCORE_MOD = dkdv_score_mod, .ACCUMULATE_DQ = !deterministic},
+                                                 {.SCORE_MOD = dkdv_score_mod, .ACCUMULATE_DQ = false},
+                                                 {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = !deterministic},
+                                                 {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = false}});
   const bool dq_in_dkdv = dkdv.constant(attn_bwd_dkdv::ACCUMULATE_DQ) != 0;
-  const auto dqk = choose<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = score_mod});
+  const auto dqk = choose_or<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = dkdv_score_mod},
+                                          {.SCORE_MOD = score_mod});
   const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),
                                dim(s.batch)};
   const runtime::Grid dkdv_grid{ceil_div(s.seqlen_k, dkdv.constant(attn_bwd_dkdv::BLOCK_N)), dim(s.kv_heads),

@@ -9,6 +9,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "common/tensor_checks.h"
 #include "kernel_launchers.h"
@@ -42,24 +43,32 @@ const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DTyp
   return entry;
 }
 
-// The variant of kernel K with `flags` if the build has it, else with `fallback`: for flags that
-// only pick a faster code path, which configs.json's "exclude" may leave out on some archs. It
-// comes from the smallest bucket holding head_dim that has either: a bucket may exist for some
+// The variant of kernel K with the first of `preferences` the build has: for flags that only
+// pick a faster code path, which configs.json's "exclude" may leave out on some archs. It comes
+// from the smallest bucket holding head_dim that has any of them: a bucket may exist for some
 // flags only (attn_fwd's 96 and 192 and attn_bwd_dkdv's 96, in the Hopper kernels alone), and a
 // larger one serves its head dims too.
 template <typename K>
-runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
-                              const typename K::Flags& flags, const typename K::Flags& fallback) {
+runtime::Variant<K> choose_first(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
+                                 std::initializer_list<typename K::Flags> preferences) {
   const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
   const runtime::DType dtype = kernel_dtype(scalar_type);
   const int smallest = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
   for (int bucket : runtime::built_buckets(K::kId, a.arch, dtype)) {
     if (bucket < smallest) continue;
-    const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags);
-    if (entry == nullptr) entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, fallback);
-    if (entry != nullptr) return {{entry, device, a.from_ptx}};
+    for (const typename K::Flags& flags : preferences) {
+      const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags);
+      if (entry != nullptr) return {{entry, device, a.from_ptx}};
+    }
   }
   fail_no_variant(op, K::kName, a.arch, dtype, smallest);
+}
+
+// The variant with `flags` if the build has it, else with `fallback` (choose_first).
+template <typename K>
+runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
+                              const typename K::Flags& flags, const typename K::Flags& fallback) {
+  return choose_first<K>(op, device, scalar_type, head_dim, {flags, fallback});
 }
 
 template <typename K>

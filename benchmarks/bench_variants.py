@@ -176,7 +176,13 @@ def score_mod_study(results, args, flex, direction):
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     for causal in (False, True):
         plain_case = None
-        for mod, (options, flex_kind) in score_mod_variants(args, causal, b, h, s).items():
+        mods = score_mod_variants(args, causal, b, h, s)
+        chosen = ["plain", *(m for m in mods if m != "plain")] if args.mods is None else ["plain", *args.mods.split(",")]
+        unknown = [m for m in chosen if m not in mods]
+        if unknown:
+            raise SystemExit(f"--mods: unknown {unknown}; the study has {list(mods)}")
+        for mod in dict.fromkeys(chosen):
+            options, flex_kind = mods[mod]
             case = {"study": "score_mod", "pass": direction, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                     "causal": causal, "mod": mod}
             options = dict(options)
@@ -344,6 +350,8 @@ def parse_args(argv):
     parser.add_argument("--mod-seqlen", type=int, default=8192)
     parser.add_argument("--mod-window", type=int, default=4096, help="score_mod study: the window's keys per side")
     parser.add_argument("--segments", type=int, default=4, help="score_mod study: documents per row")
+    parser.add_argument("--mods", default=None,
+                        help="score_mod study: only these rows (comma-separated names, e.g. alibi,softcap), and plain")
     parser.add_argument("--gqa", type=int, default=4, help="score_mod study: query heads per KV head")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--varlen-batch", type=int, default=8)

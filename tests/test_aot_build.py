@@ -350,19 +350,19 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
 
 def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
-    # sm_90, buckets 128 and 256 with SCORE_MOD 0 and 1 and bucket 64 with SCORE_MOD 0, TILE_LOOP,
-    # with its own tiles; every other attn_fwd variant is the family's own.
+    # sm_90, buckets 128 and 256 with SCORE_MOD 0, 1 and 3 (ALiBi alone) and bucket 64 with
+    # SCORE_MOD 0, TILE_LOOP, with its own tiles; every other attn_fwd variant is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["TILE_LOOP"], v.dtype)
-            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1)
+            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1, 3)
                                  for dtype in ("fp16", "bf16") if d > 64 or mod == 0}
     assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"]) for v in hopper} == {
         64: (192, 128), 128: (128, 128), 256: (128, 64)}
     others = [v for v in variants if not v.implementation]
-    assert len(others) == len(variants) - 10 and all(v.source == "triton_src.forward" for v in others)
+    assert len(others) == len(variants) - 14 and all(v.source == "triton_src.forward" for v in others)
     # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
     assert {tuple(n for n, _ in v.constants) for v in variants} == {tuple(n for n, _ in hopper[0].constants)}
 
@@ -465,16 +465,18 @@ def test_the_hopper_dkdv_96_bucket_runs_its_products_on_two_head_dim_pieces(tmp_
 
 
 def test_alibi_alone_compiles_without_the_softcap(tmp_path):
-    # SCORE_MOD 3 (ALiBi without a softcap), built for the Hopper dK/dV and dQ at d128 only: the
-    # softcap's tanh.approx is gone (SCORE_MOD 1's dQ has one per score), ALiBi's distance stays
-    # (one abs.f32 per score), and the dK/dV variant is the 128-key form without dQ accumulation.
+    # SCORE_MOD 3 (ALiBi without a softcap), built for the Hopper dK/dV and dQ at d128 and the
+    # Hopper forward from d96 on: the softcap's tanh.approx is gone (SCORE_MOD 1's dQ has one per
+    # score), ALiBi's distance stays (one abs.f32 per score), and the dK/dV variant is the 128-key
+    # form without dQ accumulation.
     env = {"FATTN_CUDA_ARCHS": "all", "FATTN_HEAD_DIMS": "all"}
-    alibi = [v for v in grid.expand(env=env) if v.kernel in ("attn_bwd_dkdv", "attn_bwd_dq")
+    alibi = [v for v in grid.expand(env=env) if v.kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
              and v.constant_dict["SCORE_MOD"] == 3]
     assert {(v.kernel, v.arch, v.constant_dict["BLOCK_D"], v.implementation) for v in alibi} == {
-        ("attn_bwd_dkdv", 90, 128, "attn_bwd_dkdv_sm90"), ("attn_bwd_dq", 90, 128, "attn_bwd_dq_sm90")}
+        ("attn_bwd_dkdv", 90, 128, "attn_bwd_dkdv_sm90"), ("attn_bwd_dq", 90, 128, "attn_bwd_dq_sm90"),
+        *(("attn_fwd", 90, d, "attn_fwd_sm90") for d in (96, 128, 192, 256))}
     for v in alibi:
-        if v.dtype != "bf16":
+        if v.dtype != "bf16" or v.constant_dict["BLOCK_D"] not in (128,):
             continue
         ptx = compile_variant(v, shared_limit=232448, cache_dir=tmp_path).ptx
         assert "tanh" not in ptx and ptx.count("abs.f32") >= 64, v.label

@@ -69,6 +69,22 @@ def test_short_d128_calls_follow_the_tuned_crossover(case):
         check_accuracy(out, lse, q, k, v, None, causal, case, **options)
 
 
+@pytest.mark.parametrize("head_dim", [96, 128, 200, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(700, 700), (333, 1000), (1000, 129)])
+def test_alibi_without_softcap(head_dim, seqlen_q, seqlen_k):
+    # ALiBi alone runs the Hopper kernel's SCORE_MOD 3 variant (the softcap's code left out) from
+    # d96 on; ALiBi's distances with seqlen_q != seqlen_k, [batch, heads] slopes, GQA, windows.
+    torch.manual_seed(seqlen_q + head_dim)
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, "cuda")
+    slopes = torch.rand(2, 8, device="cuda") * 0.3
+    assert "attn_fwd_sm90" in kernels_launched(lambda: fattn.flash_attn_func(q, k, v, alibi_slopes=slopes))
+    for options in (dict(causal=True), dict(), dict(window_size=(100, 20))):
+        out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, alibi_slopes=slopes, **options)
+        causal = options.pop("causal", False)
+        check_accuracy(out, lse, q, k, v, None, causal, f"alibi d{head_dim} {options}", alibi_slopes=slopes,
+                       **options)
+
+
 @pytest.mark.parametrize("what", ["dropout", "dropout at head_dim 96", "head_dim 64", "head_dim 32"])
 def test_other_calls_stay_on_attn_fwd(what):
     # Dropout at d96 has no variant in the 96 bucket (the Hopper kernel's alone): the op takes

@@ -140,6 +140,8 @@ def attn_fwd(
     common.segment_span turns into the keys visited and the tiles left unmasked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
+    SCORE_MOD 3 is SCORE_MOD 1 for ALiBi without a softcap (softcap_log2 0), whose code leaves the
+    softcap out: the Hopper implementation's alone (configs.json).
     SCORE_MOD 2 variants also take a bias (use_bias != 0; dense layout only; every tile masked):
     Bias + batch * stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype,
     added to the scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
@@ -147,6 +149,7 @@ def attn_fwd(
     1 / keep probability.
     """
     tl.static_assert(not TILE_LOOP, "attn_fwd runs one query tile per program")
+    tl.static_assert(SCORE_MOD != 3, "attn_fwd has no ALiBi-only variant (configs.json builds none)")
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
     # fill the tail.

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .common import (
-    key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
+    alibi_scores, key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_key_range,
 )
 from .forward import ATTN_FWD
@@ -194,7 +194,9 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
     log2 domain. SEGMENTS: 1 masks by segment ids where use_segments says so; 0 and 2 (the key
     loop's two copies at 160 registers, _key_loop) never and always."""
     cols = start_n + offs_n
-    if SCORE_MOD:
+    if SCORE_MOD == 3:  # ALiBi without a softcap: none of the softcap's code
+        s = alibi_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, alibi_log2, alibi_offset)
+    elif SCORE_MOD:
         s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :],
                                diagonal, softcap_log2, alibi_log2, alibi_offset)
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
@@ -482,7 +484,7 @@ def attn_fwd_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr,
 ):
-    """attn_fwd's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are not
+    """attn_fwd's contract (see its docstring) for SCORE_MOD 0, 1 and 3; Bias and dropout are not
     read (the op sends those calls to attn_fwd). Launched with 4 warps (the first consumer
     warpgroup); warp_specialize adds the other consumers and the producer warp.
 

@@ -28,9 +28,15 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(q.scalar_type()),
                                    s.head_dim);
   const bool tile_loop = prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
-  const auto fwd = choose_or<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
-                                       {.SCORE_MOD = variant.score_mod(), .TILE_LOOP = tile_loop},
-                                       {.SCORE_MOD = variant.score_mod(), .TILE_LOOP = !tile_loop});
+  // ALiBi without a softcap first takes a variant built without the softcap's code (SCORE_MOD 3,
+  // the Hopper kernel's), else SCORE_MOD 1.
+  const int64_t score_mod = variant.score_mod();
+  const int64_t first_score_mod = score_mod == 1 && variant.softcap <= 0 ? 3 : score_mod;
+  const auto fwd = choose_first<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
+                                          {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop},
+                                           {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop},
+                                           {.SCORE_MOD = score_mod, .TILE_LOOP = tile_loop},
+                                           {.SCORE_MOD = score_mod, .TILE_LOOP = !tile_loop}});
   const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
   // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
   // short programs itself.

@@ -384,7 +384,8 @@ def test_the_hopper_dkdv_serves_only_its_measured_variants():
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype)
             for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (96, 0), (96, 1), (128, 0), (128, 3), (256, 0), (256, 1))
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (64, 3), (96, 0), (96, 1), (96, 3), (128, 0), (128, 3),
+                                           (256, 0), (256, 1))
         for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps)
@@ -403,16 +404,16 @@ def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dkdv"]
     accumulating = [v for v in variants if v.constant_dict["ACCUMULATE_DQ"]]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in accumulating} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (128, 1)) for dtype in ("fp16", "bf16")}
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (64, 3), (128, 1)) for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" for v in accumulating)
     assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in accumulating} == {64: 128, 128: 64}
     without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
     # Every arch, dtype, power-of-two bucket and SCORE_MOD 0-2, sm_90's 96 bucket for SCORE_MOD 0 and
-    # 1, and its 128 bucket for SCORE_MOD 3 (ALiBi without a softcap).
-    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3 + 2 * 2 + 2
+    # 1, and its 64, 96 and 128 buckets for SCORE_MOD 3 (ALiBi without a softcap).
+    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3 + 2 * 2 + 3 * 2
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["BLOCK_N"], v.implementation) for v in variants
-            if v.constant_dict["SCORE_MOD"] == 3} == {(90, 128, 128, "attn_bwd_dkdv_sm90")}
+            if v.constant_dict["SCORE_MOD"] == 3} == {(90, d, 128, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)}
 
 
 def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
@@ -465,15 +466,15 @@ def test_the_hopper_dkdv_96_bucket_runs_its_products_on_two_head_dim_pieces(tmp_
 
 
 def test_alibi_alone_compiles_without_the_softcap(tmp_path):
-    # SCORE_MOD 3 (ALiBi without a softcap), built for the Hopper dK/dV and dQ at d128 and the
-    # Hopper forward from d96 on: the softcap's tanh.approx is gone (SCORE_MOD 1's dQ has one per
-    # score), ALiBi's distance stays (one abs.f32 per score), and the dK/dV variant is the 128-key
-    # form without dQ accumulation.
+    # SCORE_MOD 3 (ALiBi without a softcap), built for the Hopper dK/dV from d64 to d128, the
+    # Hopper dQ at d128 and the Hopper forward from d96 on: the softcap's tanh.approx is gone
+    # (SCORE_MOD 1's dQ has one per score), ALiBi's distance stays (one abs.f32 per score), and the
+    # d128 dK/dV variant is the 128-key form without dQ accumulation.
     env = {"FATTN_CUDA_ARCHS": "all", "FATTN_HEAD_DIMS": "all"}
     alibi = [v for v in grid.expand(env=env) if v.kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
              and v.constant_dict["SCORE_MOD"] == 3]
     assert {(v.kernel, v.arch, v.constant_dict["BLOCK_D"], v.implementation) for v in alibi} == {
-        ("attn_bwd_dkdv", 90, 128, "attn_bwd_dkdv_sm90"), ("attn_bwd_dq", 90, 128, "attn_bwd_dq_sm90"),
+        ("attn_bwd_dq", 90, 128, "attn_bwd_dq_sm90"), *(("attn_bwd_dkdv", 90, d, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)),
         *(("attn_fwd", 90, d, "attn_fwd_sm90") for d in (96, 128, 192, 256))}
     for v in alibi:
         if v.dtype != "bf16" or v.constant_dict["BLOCK_D"] not in (128,):
@@ -481,7 +482,7 @@ def test_alibi_alone_compiles_without_the_softcap(tmp_path):
         ptx = compile_variant(v, shared_limit=232448, cache_dir=tmp_path).ptx
         assert "tanh" not in ptx and ptx.count("abs.f32") >= 64, v.label
         if v.kernel == "attn_bwd_dkdv":
-            assert v.constant_dict["BLOCK_N"] == 128 and not v.constant_dict["ACCUMULATE_DQ"]
+            assert v.constant_dict["BLOCK_N"] == 128 and not v.constant_dict["ACCUMULATE_DQ"], v.label
 
 
 def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):

@@ -210,14 +210,16 @@ def test_windows_and_score_modifications(options, head_dim):
     check_variant_gradients(q, k, v, str(options), causal=True, **options)
 
 
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("seqlen_q,seqlen_k,heads,kv_heads", [(1000, 1000, 8, 2), (333, 1000, 4, 4), (1000, 129, 8, 1)])
-def test_alibi_without_softcap_runs_its_own_d128_variant(seqlen_q, seqlen_k, heads, kv_heads):
-    # d128 ALiBi without a softcap: the Hopper kernel's SCORE_MOD 3 variant (the 128-key form, its
-    # code without the softcap's), deterministic or not, where SCORE_MOD 1 ran attn_bwd_dkdv
-    # (deterministic) or the wide-head form with dQ accumulated. Gradients against float64 with
-    # ALiBi offsets from the diagonal (seqlen_q != seqlen_k), windows and GQA.
-    torch.manual_seed(seqlen_q + seqlen_k + heads)
-    q, k, v = make_qkv(2, seqlen_q, seqlen_k, heads, kv_heads, 128, torch.bfloat16, "cuda")
+def test_alibi_without_softcap_runs_its_own_variant(seqlen_q, seqlen_k, heads, kv_heads, head_dim):
+    # ALiBi without a softcap: the Hopper kernel's SCORE_MOD 3 variants (the 128-key form, its code
+    # without the softcap's; at d64 with dQ accumulated unless deterministic), where at d128
+    # SCORE_MOD 1 ran attn_bwd_dkdv (deterministic) or the wide-head form with dQ accumulated.
+    # Gradients against float64 with ALiBi offsets from the diagonal (seqlen_q != seqlen_k),
+    # windows and GQA.
+    torch.manual_seed(seqlen_q + seqlen_k + heads + head_dim)
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     slopes = torch.rand(2, heads, device="cuda") * 0.3
     names = kernels_launched(lambda: _backward(q, k, v, alibi_slopes=slopes, deterministic=True))
     assert "attn_bwd_dkdv_sm90" in names and "attn_bwd_dkdv" not in names, names

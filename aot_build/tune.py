@@ -259,10 +259,16 @@ def tune(kernels, head_dims, seqlens, tokens, hidden, reps, arch, candidates=Non
     return found
 
 
-def merge(path: Path, arch: int, found: dict, meta: dict) -> dict:
+def read_tuned(path: Path, arch: int) -> dict:
+    """The tuned file of `arch` at path (a new one if there is none), for a tuner to merge into."""
     data = json.loads(path.read_text()) if path.exists() else {"arch": arch, "kernels": {}}
     if data.get("arch") != arch:
         raise ValueError(f"{path} holds sm{data.get('arch')} configs, not sm{arch}")
+    return data
+
+
+def merge(path: Path, arch: int, found: dict, meta: dict) -> dict:
+    data = read_tuned(path, arch)
     data.update({k: v for k, v in meta.items()})
     for kernel, buckets in found.items():
         data["kernels"].setdefault(kernel, {}).update(buckets)

@@ -32,7 +32,7 @@ import json
 import math
 from pathlib import Path
 
-from .tune import TUNED_DIR, Problem, _max_err, accuracy_checks, current_config, graph_replay
+from .tune import TUNED_DIR, Problem, _max_err, accuracy_checks, current_config, graph_replay, read_tuned
 
 NEVER = 1 << 62
 
@@ -142,9 +142,7 @@ def _tile_dict(tiles) -> dict:
 
 
 def merge(path: Path, arch: int, found: dict, meta: dict) -> dict:
-    data = json.loads(path.read_text()) if path.exists() else {"arch": arch, "kernels": {}}
-    if data.get("arch") != arch:
-        raise ValueError(f"{path} holds sm{data.get('arch')} configs, not sm{arch}")
+    data = read_tuned(path, arch)
     section = data.get("tile_loop", {})
     section.pop("source", None)  # measured now
     section.update(meta)

@@ -18,6 +18,9 @@ import torch
 
 import fattn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import hopper_variants, kernels_launched  # noqa: E402
+
 CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel function, its constants)
     "forward-d128": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
     "forward-d64": (64, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 64, "SCORE_MOD": 0}),
@@ -61,9 +64,7 @@ TILES_END = {"forward-d64": _forward_tiles_end}
 
 def built_variant(function: str, constants: dict) -> dict:
     """The bf16 sm_90 variant's build_info entry, which must be unique for the call to be classified."""
-    entries = [e for e in fattn.build_info()["kernels"]
-               if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"
-               and all(e["constants"].get(k) == v for k, v in constants.items())]
+    entries = hopper_variants(function, constants)
     if len({e["shared"] for e in entries}) != 1:
         raise SystemExit(f"{function} {constants}: the build has variants with shared sizes "
                          f"{sorted(e['shared'] for e in entries)}")
@@ -84,9 +85,6 @@ def main(name: str, check_launch: bool) -> None:
         torch.cuda.synchronize()
 
     if check_launch:  # outside the sanitizer: the call must reach the kernel racecheck is told to watch
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from helpers import kernels_launched
-
         launched = kernels_launched(call)
         if function not in launched:
             raise SystemExit(f"{name}: {function} was not launched ({sorted(launched)})")

@@ -21,7 +21,9 @@ import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_gradients, check_variant_gradients, kernels_launched, launch_args, make_qkv, requires_gpu
+from helpers import (
+    check_gradients, check_variant_gradients, hopper_variants, kernels_launched, launch_args, make_qkv, requires_gpu,
+)
 
 
 def _hopper_build():
@@ -52,9 +54,7 @@ def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
 
 
 def _dkdv_variant_shared(constants: dict) -> set[int]:
-    return {e["shared"] for e in fattn.build_info()["kernels"]
-            if e["function"] == "attn_bwd_dkdv_sm90" and e["arch"] == 90 and e["dtype"] == "bf16"
-            and all(e["constants"].get(k) == v for k, v in constants.items())}
+    return {e["shared"] for e in hopper_variants("attn_bwd_dkdv_sm90", constants)}
 
 
 @pytest.mark.parametrize("head_dim,deterministic,softcap", [(80, False, 0.0), (96, True, 0.0), (96, False, 30.0)])

@@ -97,7 +97,8 @@ def test_the_forward_picks_its_looping_kernel_by_the_tuned_crossovers():
             tuned[(data["arch"], int(bucket))] = entry
     assert tuned, "no tuned TILE_LOOP crossovers"
     assert {(r["arch"], r["bucket"]) for r in fattn.build_info()["tile_loop"]} == set(tuned)
-    never = 1 << 62
+    from aot_build.tune_tile_loop import NEVER as never
+
     for (arch, bucket), entry in tuned.items():
         for right_edge, key in ((False, "from_rows"), (True, "from_rows_right_edge")):
             rows = entry[key]

@@ -4,7 +4,7 @@ one another.
 common: devices, random q/k/v, the contract's lse dtype, the accuracy rules;
 kvcache: KV caches in every layout and decode's accuracy rule;
 samples: one sample_inputs generator per op, and running an op on fake tensors;
-library: the stable-ABI contract of a built libfattn.so;
+library: the stable-ABI contract of a built libfattn.so, and the variants it holds;
 compile: telling a recompile from a first compile under torch.compile;
 interpreter: running a kernel script under Triton's interpreter;
 profiled: which kernels a GPU call launched, with which grids and shared memory;
@@ -22,7 +22,7 @@ from .kvcache import (
     CACHE_LAYOUTS, CACHE_OPTION_CASES, KVCache, cache_option_case_id, check_outputs, new_tokens, references,
     rotated_keys, run_cache_option_case, run_decode, seqlens_tensor,
 )
-from .library import check_stable_abi, skip_without_ptx
+from .library import check_stable_abi, hopper_variants, skip_without_ptx
 from .paged_varlen import check_paged_varlen, paged_varlen_inputs
 from .profiled import kernels_launched, launch_args, launch_grids
 from .samples import (

@@ -1,5 +1,6 @@
 """The stable-ABI contract of a built libfattn.so, wherever it was built (the pip build,
-the CMake package): what it links and which symbols it takes from torch."""
+the CMake package): what it links and which symbols it takes from torch; and the kernel
+variants it holds."""
 
 from __future__ import annotations
 
@@ -59,3 +60,13 @@ def skip_without_ptx(arch, *kernels) -> None:
                                              for r in rows)]
     if missing:
         pytest.skip(f"this build has no sm_{arch} PTX for {', '.join(missing)} (FATTN_PTX_ARCHS)")
+
+
+def hopper_variants(function: str, constants: dict) -> list[dict]:
+    """The build's bf16 sm_90 variants (fattn.build_info entries) of kernel function `function`
+    whose constants include `constants`."""
+    import fattn
+
+    return [e for e in fattn.build_info()["kernels"]
+            if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"
+            and all(e["constants"].get(k) == v for k, v in constants.items())]

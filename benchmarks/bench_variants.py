@@ -12,7 +12,8 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
   non-causal and causal: plain, softcap 30, ALiBi, both, sinks (one logit per head in the
   denominator), dropout 0.1, a sliding window of --mod-window keys (to the left; to the right
   too when not causal), segment ids (--segments documents per row), GQA (--gqa query heads per
-  KV head) and an additive bias [1, heads, s, s] (not differentiated). fattn's rows carry
+  KV head), an additive bias [1, heads, s, s] (not differentiated) and that bias with dropout
+  0.1. fattn's rows carry
   vs_plain (time over fattn's plain run of the same shape) and ratio_vs against Flex with the
   same modification (no Flex for sinks, dropout and the bias) or SDPA's flash backend
   (dropout). Every row counts the plain problem's FLOPs, so its TFLOP/s compares as its time
@@ -152,6 +153,8 @@ def score_mod_variants(args, causal, b, h, s):
         f"segments{args.segments}": (dict(q_segment_ids=docs, kv_segment_ids=docs), "segments"),
         f"gqa{args.gqa}": (dict(gqa=args.gqa), "gqa"),
         "bias": (dict(bias=torch.randn(1, h, s, s, device=device, dtype=torch.bfloat16)), None),
+        "bias+dropout0.1": (dict(bias=torch.randn(1, h, s, s, device=device, dtype=torch.bfloat16), dropout_p=0.1),
+                            None),
     }
 
 

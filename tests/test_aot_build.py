@@ -350,19 +350,20 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
 
 def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
-    # sm_90, buckets 128 and 256 with SCORE_MOD 0, 1 and 3 (ALiBi alone) and bucket 64 with
-    # SCORE_MOD 0, TILE_LOOP, with its own tiles; every other attn_fwd variant is the family's own.
+    # sm_90, buckets 128 and 256 with SCORE_MOD 0, 1, 3 (ALiBi alone) and 4 (a bias read by TMA)
+    # and bucket 64 with SCORE_MOD 0, TILE_LOOP, with its own tiles; every other attn_fwd variant
+    # is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["TILE_LOOP"], v.dtype)
-            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1, 3)
+            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1, 3, 4)
                                  for dtype in ("fp16", "bf16") if d > 64 or mod == 0}
     assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"]) for v in hopper} == {
         64: (192, 128), 128: (128, 128), 256: (128, 64)}
     others = [v for v in variants if not v.implementation]
-    assert len(others) == len(variants) - 14 and all(v.source == "triton_src.forward" for v in others)
+    assert len(others) == len(variants) - 18 and all(v.source == "triton_src.forward" for v in others)
     # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
     assert {tuple(n for n, _ in v.constants) for v in variants} == {tuple(n for n, _ in hopper[0].constants)}
 
@@ -575,3 +576,22 @@ def test_the_hopper_forward_compiles_through_the_build(tmp_path):
     assert artifact.meta["num_warps"] == 12 and artifact.meta["global_scratch_size"] > 0
     assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
+
+
+def test_the_hopper_forward_reads_a_bias_by_tma_and_draws_dropout_once_per_eight_scores(tmp_path):
+    # SCORE_MOD 4 (a bias that TMA can read, with dropout) at d128: the producer loads each key
+    # tile's bias rows with more 2-D TMA loads, and the consumers read them from shared memory, so
+    # the kernel has SCORE_MOD 1's global loads and the dropout seed's alone (a load per score was
+    # 3.4x slower). The dropout mask comes laid out as the score tile: one Philox call (20
+    # mul.hi, fewer where constants fold) per 8 scores, 8 per thread for a 64 x 128 tile, in two
+    # copies of the key loop (its first tile and the rest) per consumer warpgroup; a call per
+    # score would be 8 times as many.
+    variants = {v.constant_dict["SCORE_MOD"]: v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90",
+                                                                           "FATTN_HEAD_DIMS": "128"})
+                if v.kernel == "attn_fwd" and v.implementation and v.dtype == "bf16"}
+    bias, plain = (compile_variant(variants[m], shared_limit=232448, cache_dir=tmp_path) for m in (4, 1))
+    assert bias.meta["name"] == "attn_fwd_sm90" and bias.meta["shared"] <= 232448
+    assert bias.ptx.count("ld.global") == plain.ptx.count("ld.global") + 1
+    assert bias.ptx.count("cp.async.bulk.tensor.2d") > plain.ptx.count("cp.async.bulk.tensor.2d")
+    assert 0 < bias.ptx.count("mul.hi.u32") <= 2 * 2 * 8 * 20
+    assert "mul.hi.u32" not in plain.ptx

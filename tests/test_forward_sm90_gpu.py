@@ -1,6 +1,6 @@
 """The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
-sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets, SCORE_MOD 0 and 1; at 64
-for long queries only; 96 and 192 its alone, the head dim in two pieces) on a Hopper GPU
+sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets: SCORE_MOD 0 to 3, at 64
+SCORE_MOD 0 for long queries only; 96 and 192 its alone, the head dim in two pieces) on a Hopper GPU
 (skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
 only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
@@ -85,15 +85,59 @@ def test_alibi_without_softcap(head_dim, seqlen_q, seqlen_k):
                        **options)
 
 
-@pytest.mark.parametrize("what", ["dropout", "dropout at head_dim 96", "head_dim 64", "head_dim 32"])
+@pytest.mark.parametrize("what", ["dropout at head_dim 64", "bias at head_dim 64", "head_dim 64", "head_dim 32"])
 def test_other_calls_stay_on_attn_fwd(what):
-    # Dropout at d96 has no variant in the 96 bucket (the Hopper kernel's alone): the op takes
-    # attn_fwd from the 128 bucket.
-    d = {"head_dim 64": 64, "head_dim 32": 32, "dropout at head_dim 96": 96}.get(what, 128)
+    # Short d64 calls, and bias or dropout at d64 (SCORE_MOD 4 is built from d96 on), run attn_fwd.
+    d = 32 if what == "head_dim 32" else 64
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     p = 0.1 if what.startswith("dropout") else 0.0
-    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p))
+    bias = torch.randn(2, 4, 300, 300, device="cuda", dtype=q.dtype) if what.startswith("bias") else None
+    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p, bias=bias))
     assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
+
+
+def _dropout_seed(value):
+    return torch.tensor([value], dtype=torch.int64, device="cuda")
+
+
+@pytest.mark.parametrize("head_dim", [80, 128, 192, 256])
+@pytest.mark.parametrize("what", ["bias bhqk", "mask", "dropout", "dropout+bias+softcap+alibi",
+                                  "bias broadcast over queries", "bias rows unaligned"])
+def test_a_bias_runs_the_hopper_kernel(head_dim, what):
+    # SCORE_MOD 4 (a bias that TMA can read, with dropout, softcap and ALiBi) from d96 on:
+    # seqlen_q != seqlen_k, GQA, causal and windows; a boolean mask with a row that sees no key
+    # (its out 0, lse -inf); dropout with the CPU's mask for the same seed. A bias broadcast over
+    # the queries (row stride 0) or whose rows are not 16-byte multiples (900 keys), and dropout
+    # without a bias, run attn_fwd (SCORE_MOD 2).
+    torch.manual_seed(head_dim + len(what))
+    b, sq, sk, h, hk = 2, 900, 900 if what == "bias rows unaligned" else 904, 4, 2
+    q, k, v = make_qkv(b, sq, sk, h, hk, head_dim, torch.bfloat16, "cuda")
+    bias, p, seed, extra = None, 0.0, _dropout_seed(0x5EED + head_dim), {}
+    if what.startswith("bias") and what != "bias broadcast over queries" or what.startswith("dropout+bias"):
+        bias = (torch.randn(b, h, sq, sk, device="cuda") * 2).to(q.dtype)
+    elif what == "bias broadcast over queries":
+        bias = (torch.randn(1, h, 1, sk, device="cuda") * 2).to(q.dtype).expand(b, h, sq, sk)
+    elif what == "mask":
+        bias = torch.rand(b, 1, sq, sk, device="cuda") > 0.3
+        bias[..., sq // 2, :] = False
+    if what.startswith("dropout"):
+        p = 0.2
+    if "softcap" in what:
+        extra = dict(softcap=20.0, alibi_slopes=torch.rand(h, device="cuda") * 0.1)
+    op = torch.ops.fattn.forward.default
+    prepared = fattn._bias.prepare("test", bias, q, k)
+    want = "attn_fwd" if what in ("bias broadcast over queries", "bias rows unaligned", "dropout") else "attn_fwd_sm90"
+    for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (150, 40))):
+        def call():
+            return op(q, k, v, None, causal, False, window[0], window[1], extra.get("softcap", 0.0),
+                      extra.get("alibi_slopes"), None, None, None, prepared, p, seed)
+        names = kernels_launched(call)
+        assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), (what, names)
+        out, lse = call()
+        check_accuracy(out, lse, q, k, v, None, causal, f"{what} d{head_dim} causal {causal} window {window}",
+                       window_size=window, bias=bias, dropout_p=p, dropout_seed=seed, **extra)
+        if what == "mask":
+            assert torch.all(out[:, sq // 2] == 0) and torch.all(lse[:, :, sq // 2] == float("-inf"))
 
 
 @pytest.mark.parametrize("head_dim", [80, 96, 128, 160, 192, 256])

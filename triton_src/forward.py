@@ -146,10 +146,12 @@ def attn_fwd(
     Bias + batch * stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype,
     added to the scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
     dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
-    1 / keep probability.
+    1 / keep probability. SCORE_MOD 4 is SCORE_MOD 2 for a bias whose rows TMA can read: a nonzero
+    stride_biasq and every stride a multiple of 16 bytes from a 16-byte aligned Bias (the op asks
+    for it first where the build has it): the Hopper implementation's alone.
     """
     tl.static_assert(not TILE_LOOP, "attn_fwd runs one query tile per program")
-    tl.static_assert(SCORE_MOD != 3, "attn_fwd has no ALiBi-only variant (configs.json builds none)")
+    tl.static_assert(SCORE_MOD <= 2, "attn_fwd has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
     # fill the tail.

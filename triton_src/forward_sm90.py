@@ -23,10 +23,12 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
   while P(j-1) V(j-1) is still running; P stays in registers as that product's A operand.
 
 Tiles are visited as in attn_fwd: the fully visible ones first without a mask, then the window's
-edges and the end of the keys. Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal,
-sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span); configs.json keeps
-SCORE_MOD 2 (bias, dropout) and the 32 bucket on attn_fwd, and at d64 all but the long dense calls
-without score modifications (TILE_LOOP). The op guarantees what TMA needs: 16-byte aligned
+edges and the end of the keys. Supported: SCORE_MOD 0, 1 (softcap, ALiBi), 3 (ALiBi alone) and 4
+(a bias that TMA can read, with dropout, softcap and ALiBi: the producer loads each key tile's
+bias rows into shared memory with K and V; dropout_sm90.py draws the dropout mask), windows and
+causal, sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span);
+configs.json keeps SCORE_MOD 2 (any bias layout, dropout without a bias) and the 32 bucket on
+attn_fwd, and at d64 all but the long dense calls without score modifications (TILE_LOOP). The op guarantees what TMA needs: 16-byte aligned
 bases and row strides, head_dim a multiple of 8.
 
 Head-dim buckets that are not a power of two (96, 192; configs.json builds them for this kernel
@@ -45,6 +47,7 @@ from .common import (
     alibi_scores, key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_key_range,
 )
+from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .spec import KernelSpec
 
@@ -144,14 +147,15 @@ def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_
 def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
           q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1,
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
-          use_segments, span_base, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          use_segments, span_base, bias_load, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
           STAGES: gl.constexpr, D1: gl.constexpr):
     """The producer warp: for each of the program's query tiles, each consumer's 64 rows of the
     Q tile (once that consumer has released the previous one: q_empty), then each visited tile's
     K and V into the ring, a slot refilled once every consumer has released it (k_empty /
     v_empty, one arrival per consumer). The ring's position runs on across query tiles, so the
     next tile's K and V load while the consumers finish this one. With D1 > 0 each tile also
-    has its second head-dim piece (the *1 descriptors and buffers), loaded on the same barriers."""
+    has its second head-dim piece (the *1 descriptors and buffers), loaded on the same barriers.
+    bias_load (SCORE_MOD 4, else empty): each key tile's bias rows of each consumer (_load_bias)."""
     it = 0
     for k in range(n_rounds):
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
@@ -181,24 +185,48 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
             else:
                 _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
                                STAGES)
+            if len(bias_load) > 0:
+                _load_bias(bias_load, it, start_m, start_n, BLOCK_M, WG_M)
             it += 1
 
 
 @gluon.jit
+def _load_bias(bias_load, it, start_m, start_n, BLOCK_M: gl.constexpr, WG_M: gl.constexpr):
+    """The producer's load of the `it`-th key tile's bias, [WG_M rows, BLOCK_N keys] per
+    consumer, by TMA (zero past the sequence's ends, as common.bias_log2 reads) into the consumer's one
+    bias slot, once it has read the last tile's (bias_empty). Nothing without a bias."""
+    bias_desc, bias_smem, bias_ready, bias_empty, use_bias = bias_load
+    if use_bias != 0:
+        for wg in gl.static_range(BLOCK_M // WG_M):
+            mbarrier.wait(bias_empty.index(wg), (it & 1) ^ 1)
+            mbarrier.expect(bias_ready.index(wg), bias_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(bias_desc, [start_m + wg * WG_M, start_n], bias_ready.index(wg),
+                                            bias_smem.index(wg))
+
+
+@gluon.jit
 def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+            qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods, it,
             SCORE_MOD: gl.constexpr, SEGMENTS: gl.constexpr):
     """The tile's scores, -inf where masked (tiles past the unmasked ones): forward.py's
     _attend_key_tiles between the two dots. With SCORE_MOD 0 and qk_scale > 0 they stay unscaled
     (_softmax folds qk_scale into its exp2's argument, one FFMA per score); else they are in the
     log2 domain. SEGMENTS: 1 masks by segment ids where use_segments says so; 0 and 2 (the key
-    loop's two copies at 160 registers, _key_loop) never and always."""
+    loop's two copies at 160 registers, _key_loop) never and always. SCORE_MOD 4 adds the bias
+    after the softcap and ALiBi: the `it`-th key tile's, from the warpgroup's bias slot (mods,
+    _attend_tile's), which the producer refills once it is released (_load_bias)."""
     cols = start_n + offs_n
     if SCORE_MOD == 3:  # ALiBi without a softcap: none of the softcap's code
         s = alibi_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, alibi_log2, alibi_offset)
     elif SCORE_MOD:
         s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :],
                                diagonal, softcap_log2, alibi_log2, alibi_offset)
+        if SCORE_MOD == 4:
+            bias_smem, bias_ready, bias_empty, use_bias = mods[0], mods[1], mods[2], mods[3]
+            if use_bias != 0:
+                mbarrier.wait(bias_ready, it & 1)
+                s = s + bias_smem.load(s.type.layout).to(gl.float32) * LOG2E
+                mbarrier.arrive(bias_empty, count=1)
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
         s = s * qk_scale
     if i >= n_full:
@@ -231,10 +259,24 @@ def _softmax(s, m_i, l_i, scale):
 
 
 @gluon.jit
+def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
+    """What of the tile's probabilities reaches V: with SCORE_MOD 4 and dropout, 0 where the
+    forward's mask (dropout_sm90.dropout_keep, common.dropout_keep's draws) drops a key; the
+    row sums keep them (dropout acts after the softmax), and the output is scaled at the end."""
+    if SCORE_MOD == 4:
+        seed, batch, head, threshold = mods[4], mods[5], mods[6], mods[7]
+        layout: gl.constexpr = p.type.layout
+        if threshold > 0:
+            keep = dropout_keep(seed, batch, head, row0, start_n, threshold, layout, p.shape[0], p.shape[1], False)
+            p = gl.where(keep, p, 0.0)
+    return p
+
+
+@gluon.jit
 def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
               turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
               window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-              softmax_scale, q_tile1, k_smem1, v_smem1, acc1,
+              softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0,
               WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr,
               D1: gl.constexpr):
@@ -243,7 +285,8 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     S(j), computes tile j's softmax while the second product runs, then waits for it: no wgmma is
     in flight across the loop's back edge, which keeps ptxas from serializing them (an S(j+1)
     carried across it did). With D1 > 0 the head dim comes in two pieces (BLOCK_D, then D1
-    columns): S sums both pieces' products, and O is two accumulators (acc, acc1)."""
+    columns): S sums both pieces' products, and O is two accumulators (acc, acc1). SCORE_MOD 4
+    adds the bias (mods; row0 is the warpgroup's first row) and drops keys from P(j) V(j)."""
     dtype: gl.constexpr = q_tile.dtype
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_D, 16])
@@ -261,10 +304,10 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     mbarrier.arrive(k_empty.index(it % STAGES), count=1)
     start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
     scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-                     qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, SCORE_MOD,
-                     SEGMENTS)
+                     qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods, it,
+                     SCORE_MOD, SEGMENTS)
     p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    p_op = gl.convert_layout(_dropped(p, mods, row0, start_n, SCORE_MOD).to(dtype), p_layout)
 
     for j in range(1, n_tiles):
         # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
@@ -294,9 +337,11 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
         mbarrier.arrive(k_empty.index(stage), count=1)
         start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
         scores = _scores(s, j, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
-                         qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                         qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods,
+                         it + j,
                          SCORE_MOD, SEGMENTS)
         p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
+        p = _dropped(p, mods, row0, start_n, SCORE_MOD)
         # P(j-1)'s registers are the running product's operand until it finishes.
         if D1 > 0:
             acc, acc1 = warpgroup_mma_wait(0, deps=(acc, acc1))
@@ -326,7 +371,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
 def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                  lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
                  seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                 q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                 q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods,
                  WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr,
                  D1: gl.constexpr):
@@ -335,7 +380,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
     other warpgroups do; returns them updated. The turns run on across query tiles too: the
     last warpgroup's single opening arrival (in _attend) keeps the first one a turn ahead,
-    whatever each tile's length."""
+    whatever each tile's length. mods: SCORE_MOD 4's bias and dropout (attn_fwd_sm90 says what)."""
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -386,21 +431,21 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
                 O_IN_Q_BUFFER, 1, D1)
         elif use_segments != 0:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
                 O_IN_Q_BUFFER, 2, D1)
         else:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
                 O_IN_Q_BUFFER, 0, D1)
     elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(WG), count=1)
@@ -414,6 +459,10 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     if D1 > 0:
         l_o1 = gl.convert_layout(l_i, orow_layout1)
         out1 = acc1 / gl.where(l_o1 == 0.0, 1.0, l_o1)[:, None]
+    if SCORE_MOD == 4:  # the kept probabilities' 1 / (1 - p); 1 without dropout
+        out = out * mods[8]
+        if D1 > 0:
+            out1 = out1 * mods[8]
 
     # Out through shared memory and TMA, which clips rows past the sequence and columns past
     # head_dim: o_smem (the previous tile's store finished reading it first), or with
@@ -447,7 +496,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
 def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
-            qk_scale, softcap_log2, alibi_log2, alibi_offset, q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+            qk_scale, softcap_log2, alibi_log2, alibi_offset, q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods,
             WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
             BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr,
             D1: gl.constexpr):
@@ -462,8 +511,8 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
             seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-            q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
-            O_IN_Q_BUFFER, D1)
+            q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods, WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES,
+            SCORE_MOD, O_IN_Q_BUFFER, D1)
     tma.store_wait(0)
 
 
@@ -484,15 +533,16 @@ def attn_fwd_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr,
 ):
-    """attn_fwd's contract (see its docstring) for SCORE_MOD 0, 1 and 3; Bias and dropout are not
-    read (the op sends those calls to attn_fwd). Launched with 4 warps (the first consumer
-    warpgroup); warp_specialize adds the other consumers and the producer warp.
+    """attn_fwd's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by TMA,
+    dropout). Launched with 4 warps (the first consumer warpgroup); warp_specialize adds the
+    other consumers and the producer warp.
 
     TILE_LOOP (always true here): the grid's first axis may be shorter than cdiv(seqlen_q,
     BLOCK_M); each program then runs several query tiles of its (head, batch) (_program_tile),
     building the TMA descriptors and barriers once and loading the next tile's Q, K and V while
     it finishes the last one."""
     gl.static_assert(TILE_LOOP, "attn_fwd_sm90's programs loop over query tiles")
+    gl.static_assert(SCORE_MOD != 2, "attn_fwd_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
     STAGES: gl.constexpr = 2
     WG_M: gl.constexpr = 64  # query rows per consumer warpgroup
     CONSUMERS: gl.constexpr = BLOCK_M // WG_M
@@ -576,6 +626,34 @@ def attn_fwd_sm90(
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     span_base = SegmentSpans + batch * stride_spanb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
+    # SCORE_MOD 4's bias and dropout. The bias (as attn_fwd's, over the sequence's [seqlen_q,
+    # seqlen_k]) comes by TMA: the producer loads each key tile's [WG_M, BLOCK_N] box per consumer
+    # into the consumer's slot. Empty tuples for the other SCORE_MODs (a None would not pass into
+    # the partitions).
+    mods_0 = ()
+    mods_1 = ()
+    mods_2 = ()
+    bias_load = ()
+    if SCORE_MOD == 4:
+        seed = gl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+        bias_base = Bias + batch * stride_biasb + head.to(gl.int64) * stride_biash
+        bias_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        bias_desc = tma.make_tensor_descriptor(bias_base, [seqlen_q, seqlen_k], [stride_biasq, 1], [WG_M, BLOCK_N],
+                                               bias_layout)
+        bias_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, BLOCK_N], bias_layout)
+        bias_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        bias_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(CONSUMERS):
+            mbarrier.init(bias_ready.index(b), count=1)
+            mbarrier.init(bias_empty.index(b), count=1)
+        bias_load = (bias_desc, bias_smem, bias_ready, bias_empty, use_bias)
+        mods_0 = (bias_smem.index(0), bias_ready.index(0), bias_empty.index(0), use_bias, seed, batch, head,
+                  dropout_threshold, dropout_scale)
+        mods_1 = (bias_smem.index(1), bias_ready.index(1), bias_empty.index(1), use_bias, seed, batch, head,
+                  dropout_threshold, dropout_scale)
+        if CONSUMERS == 3:
+            mods_2 = (bias_smem.index(2), bias_ready.index(2), bias_empty.index(2), use_bias, seed, batch, head,
+                      dropout_threshold, dropout_scale)
 
     # The partitions, written out per consumer count (Triton 3.6 passes a tuple's constexpr
     # elements, such as WG_M, on as values, so the shared arguments cannot be one tuple):
@@ -587,18 +665,18 @@ def attn_fwd_sm90(
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_0,
                        0, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_1,
                        1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
                      n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
-                     BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
+                     bias_load, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
@@ -606,24 +684,24 @@ def attn_fwd_sm90(
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_0,
                        0, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_1,
                        1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_2,
                        2, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
                      n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
-                     BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
+                     bias_load, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
         ], [4, 4, 1], [160, 160, 24])
 
     for b in gl.static_range(CONSUMERS):
@@ -631,6 +709,10 @@ def attn_fwd_sm90(
         mbarrier.invalidate(q_empty.index(b))
         mbarrier.invalidate(turn.index(b))
     _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES)
+    if SCORE_MOD == 4:
+        for b in gl.static_range(CONSUMERS):
+            mbarrier.invalidate(bias_ready.index(b))
+            mbarrier.invalidate(bias_empty.index(b))
 
 
 # attn_fwd's contract: its parameters (the spec checks the function against them) and constexprs.

@@ -35,6 +35,15 @@ KernelBias kernel_bias(const std::optional<Tensor>& bias, const Tensor& placehol
   return {b.data_ptr(), kernel_stride(b, 0), kernel_stride(b, 1), kernel_stride(b, 2), 1};
 }
 
+bool bias_rows_for_tma(const std::optional<Tensor>& bias) {
+  if (!bias.has_value()) return false;
+  const Tensor& b = *bias;
+  const int64_t per_16_bytes = 16 / static_cast<int64_t>(b.element_size());
+  const int64_t row = kernel_stride(b, 2);
+  return reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0 && row > 0 && row % per_16_bytes == 0 &&
+         kernel_stride(b, 0) % per_16_bytes == 0 && kernel_stride(b, 1) % per_16_bytes == 0;
+}
+
 CpuBias cpu_bias(const std::optional<Tensor>& bias) {
   CpuBias cpu;
   if (!bias.has_value()) return cpu;

@@ -21,6 +21,12 @@ struct KernelBias {
 };
 KernelBias kernel_bias(const std::optional<Tensor>& bias, const Tensor& placeholder);
 
+// Whether there is a bias and TMA can read its rows (the kernels' SCORE_MOD 4, attn_fwd_sm90's):
+// a 16-byte aligned base, a nonzero query stride and every stride a multiple of 16 bytes. A bias
+// broadcast over the queries (stride 0) or with rows of a length that is not a multiple of 8
+// elements is not: those run SCORE_MOD 2.
+bool bias_rows_for_tma(const std::optional<Tensor>& bias);
+
 // The bias for the CPU references, in float64: at(b, h, i, j), 0 when there is none.
 struct CpuBias {
   std::optional<Tensor> values;  // a contiguous float64 copy, kept alive for the pointer

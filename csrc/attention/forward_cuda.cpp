@@ -28,10 +28,13 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(q.scalar_type()),
                                    s.head_dim);
   const bool tile_loop = prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
-  // ALiBi without a softcap first takes a variant built without the softcap's code (SCORE_MOD 3,
-  // the Hopper kernel's), else SCORE_MOD 1.
+  // Where the build has them (the Hopper kernel's), ALiBi without a softcap first takes a variant
+  // built without the softcap's code (SCORE_MOD 3) and a bias that TMA can read one that loads
+  // it so (SCORE_MOD 4); else SCORE_MOD 1 and 2.
   const int64_t score_mod = variant.score_mod();
-  const int64_t first_score_mod = score_mod == 1 && variant.softcap <= 0 ? 3 : score_mod;
+  const int64_t first_score_mod = score_mod == 1 && variant.softcap <= 0              ? 3
+                                  : score_mod == 2 && bias_rows_for_tma(variant.bias) ? 4
+                                                                                      : score_mod;
   const auto fwd = choose_first<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
                                           {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop},
                                            {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop},

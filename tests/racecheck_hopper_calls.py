@@ -3,7 +3,8 @@ test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
 
     python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | forward-d96 | forward-d192 | backward-d64 |
                                            backward-d64-deterministic | backward-d96 | backward-d128-softcap |
-                                           backward-d256 | dq-d128
+                                           backward-d256 | dq-d128 | forward-d128-bias |
+                                           backward-d128-bias | dq-d128-bias
 
 Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`, and for a call
 in TILES_END where its tile buffers end as `tiles_end <bytes>`. With --check-launch (run without
@@ -37,7 +38,14 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
                               {"BLOCK_D": 128, "SCORE_MOD": 1, "ACCUMULATE_DQ": 1}),
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
     "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
+    # A bias read by TMA (SCORE_MOD 4): its slots, the d bias staging tiles and dropout's mask
+    # (the dK/dV's through a layout conversion in shared memory).
+    "forward-d128-bias": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 4}),
+    "backward-d128-bias": (128, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 128, "SCORE_MOD": 4}),
+    "dq-d128-bias": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 4}),
 }
+# The calls with a bias [1, heads, seqlen_q, seqlen_k] that needs its gradient, and dropout.
+BIAS = {"forward-d128-bias", "backward-d128-bias", "dq-d128-bias"}
 # Queries and keys per call: 200 each, but the causal d64 and d128 calls need more queries than
 # the tuned crossovers from which the op asks for the Hopper forward (aot_build/tuned/sm90.json,
 # csrc/attention/query_tile_programs.h; below them attn_fwd serves them, and --check-launch
@@ -46,8 +54,10 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
 # d64 backward with dQ accumulated has four Q/dO slots: 640 rows give the first key tiles ten
 # query tiles, so its ring refills them too; so do the Hopper dQ's four K/V slots with 400 keys
 # (seven 64-key tiles for the last query tile).
-SEQLEN_Q = {"forward-d64": 8192, "forward-d128": 1024, "backward-d64": 640, "dq-d128": 400}
-SEQLEN_K = {"forward-d64": 400, "forward-d96": 400, "backward-d64": 640, "dq-d128": 400}
+# The bias calls: 640 queries and keys refill the bias slots and the Q/dO ring.
+SEQLEN_Q = {"forward-d64": 8192, "forward-d128": 1024, "backward-d64": 640, "dq-d128": 400,
+            **dict.fromkeys(BIAS, 640)}
+SEQLEN_K = {"forward-d64": 400, "forward-d96": 400, "backward-d64": 640, "dq-d128": 400, **dict.fromkeys(BIAS, 640)}
 
 
 def _forward_tiles_end(c: dict) -> int:
@@ -78,8 +88,14 @@ def main(name: str, check_launch: bool) -> None:
     k, v = (torch.randn(1, SEQLEN_K.get(name, 200), 2, head_dim, dtype=torch.bfloat16, device="cuda",
                         requires_grad=True) for _ in range(2))
 
+    bias, p = None, 0.0
+    if name in BIAS:
+        bias = torch.randn(1, 2, q.shape[1], k.shape[1], dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        p = 0.1
+
     def call():
-        out = fattn.flash_attn_func(q, k, v, causal=True, softcap=softcap, deterministic=deterministic)
+        out = fattn.flash_attn_func(q, k, v, p, causal=True, softcap=softcap, deterministic=deterministic,
+                                    bias=bias)
         if backward:
             out.backward(torch.ones_like(out))
         torch.cuda.synchronize()

@@ -376,7 +376,7 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
 def test_the_hopper_dkdv_serves_only_its_measured_variants():
     # attn_bwd_dkdv_sm90 (Gluon) replaces attn_bwd_dkdv on sm_90 for the 64, 96 and 128 buckets
     # without score modifications, for softcap/ALiBi at 64 and 96 (at 128 its consumers spill, but
-    # for ALiBi alone, SCORE_MOD 3),
+    # for ALiBi alone, SCORE_MOD 3), for a bias read by TMA (SCORE_MOD 4) from 64 to 128,
     # and in its wide-head form for both at 256; 128 keys per program up to d128, 64 at d256, so
     # the op's grid (seqlen_k / BLOCK_N) follows the variant's tile. The 96 bucket is the Hopper
     # kernel's alone: sm_80 builds none.
@@ -385,8 +385,8 @@ def test_the_hopper_dkdv_serves_only_its_measured_variants():
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype)
             for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (64, 3), (96, 0), (96, 1), (96, 3), (128, 0), (128, 3),
-                                           (256, 0), (256, 1))
+        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (64, 3), (64, 4), (96, 0), (96, 1), (96, 3), (96, 4),
+                                           (128, 0), (128, 3), (128, 4), (256, 0), (256, 1))
         for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps)
@@ -411,8 +411,9 @@ def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
     without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
     # Every arch, dtype, power-of-two bucket and SCORE_MOD 0-2, sm_90's 96 bucket for SCORE_MOD 0 and
-    # 1, and its 64, 96 and 128 buckets for SCORE_MOD 3 (ALiBi without a softcap).
-    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3 + 2 * 2 + 3 * 2
+    # 1, and its 64, 96 and 128 buckets for SCORE_MOD 3 (ALiBi without a softcap) and 4 (a bias
+    # read by TMA).
+    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["BLOCK_N"], v.implementation) for v in variants
             if v.constant_dict["SCORE_MOD"] == 3} == {(90, d, 128, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)}
 
@@ -595,3 +596,25 @@ def test_the_hopper_forward_reads_a_bias_by_tma_and_draws_dropout_once_per_eight
     assert bias.ptx.count("cp.async.bulk.tensor.2d") > plain.ptx.count("cp.async.bulk.tensor.2d")
     assert 0 < bias.ptx.count("mul.hi.u32") <= 2 * 2 * 8 * 20
     assert "mul.hi.u32" not in plain.ptx
+
+
+def test_the_hopper_backward_reads_a_bias_by_tma_and_writes_d_bias_by_tma(tmp_path):
+    # SCORE_MOD 4 in the Hopper dK/dV at d128: the producer loads each query tile's bias rows with
+    # its Q and dO (one more 3-D TMA load), each consumer writes dS^T as d bias by 3-D TMA stores
+    # of 32 float32 columns (two per warpgroup and query tile), and no score is loaded or stored
+    # through a per-score global address: the global memory operations are SCORE_MOD 3's, plus
+    # the dropout seed's load. The Hopper dQ at d128 reads the bias as the forward does.
+    env = {"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"}
+    dkdv = {v.constant_dict["SCORE_MOD"]: v for v in grid.expand(env=env)
+            if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "bf16"
+            and not v.constant_dict["ACCUMULATE_DQ"]}
+    bias, alibi = (compile_variant(dkdv[m], shared_limit=232448, cache_dir=tmp_path) for m in (4, 3))
+    assert bias.meta["name"] == "attn_bwd_dkdv_sm90" and bias.meta["shared"] <= 232448
+    load, store = "cp.async.bulk.tensor.3d.shared::cluster.global", "cp.async.bulk.tensor.3d.global.shared::cta"
+    assert bias.ptx.count(load) == alibi.ptx.count(load) + 1
+    assert bias.ptx.count(store) == 2 * 2 and store not in alibi.ptx
+    assert bias.ptx.count("ld.global") == alibi.ptx.count("ld.global") + 1
+    assert bias.ptx.count("st.global") == alibi.ptx.count("st.global")
+    dq = next(v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dq" and v.implementation
+              and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 4)
+    assert "cp.async.bulk.tensor.2d" in compile_variant(dq, shared_limit=232448, cache_dir=tmp_path).ptx

@@ -262,3 +262,78 @@ def _out_gradients(q, k, v, w, dtype):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out, _ = attention_reference(q, k, v, None, True, dtype=dtype)
     return torch.autograd.grad((out.to(w.dtype) * w).sum(), (q, k, v))
+
+
+def _loss_grads(fn, tensors, w_out, w_lse):
+    leaves = [t.detach().requires_grad_() for t in tensors]
+    out, lse = fn(*leaves)
+    loss = (out.to(w_out.dtype) * w_out).sum() + (lse.to(w_lse.dtype) * w_lse).sum()
+    return [g.double() for g in torch.autograd.grad(loss, leaves)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("what", ["bias bhqk", "bias 1hqk causal", "mask", "bias+dropout+alibi", "bias window",
+                                  "bias rows unaligned", "bias+softcap"])
+def test_a_bias_runs_the_hopper_backward(head_dim, what):
+    # SCORE_MOD 4 (a bias that TMA can read, with dropout and ALiBi, no softcap) in the Hopper
+    # dK/dV from d64 to d128 and the Hopper dQ at d128: the bias rows of each query tile come with
+    # Q and dO, d bias leaves by TMA stores, dropout's mask is the forward's transposed.
+    # seqlen_q != seqlen_k, GQA 8:2 (a bias per head, and a [1, h] one broadcast over the batch,
+    # a mask broadcast over the heads), rows that see nothing. A bias whose rows are not 16-byte
+    # multiples (900 keys) and a softcap run SCORE_MOD 2 (attn_bwd_dkdv).
+    torch.manual_seed(head_dim + len(what))
+    b, sq, sk, h, hk = 2, 600, 900 if what == "bias rows unaligned" else 904, 8, 2
+    dtype = torch.bfloat16
+    q, k, v = make_qkv(b, sq, sk, h, hk, head_dim, dtype, "cuda")
+    if what == "mask":
+        bias = torch.rand(b, 1, sq, sk, device="cuda") > 0.3
+        bias[..., sq // 3, :] = False
+    else:
+        dims = (1, h) if "1hqk" in what else (b, h)
+        bias = (torch.randn(*dims, sq, sk, device="cuda") * 2).to(dtype)
+    options = {"causal": "causal" in what}
+    if "window" in what:
+        options["window_size"] = (200, 30)
+    if "alibi" in what:
+        options["alibi_slopes"] = torch.rand(h, device="cuda") * 0.1
+    if "softcap" in what:
+        options["softcap"] = 20.0
+    p = 0.2 if "dropout" in what else 0.0
+    seed = torch.tensor([0xB1A5 + head_dim], dtype=torch.int64, device="cuda")
+    with_bias = what != "mask"
+    tensors = (q, k, v, bias) if with_bias else (q, k, v)
+    op = torch.ops.fattn.forward.default
+
+    def fattn_fn(q, k, v, bias=bias):
+        # The public function draws its own seed: the op with a fixed one lets the reference
+        # draw the same mask.
+        return op(q, k, v, None, options["causal"], False, *options.get("window_size", (-1, -1)),
+                  options.get("softcap", 0.0), options.get("alibi_slopes"), None, None, None,
+                  fattn._bias.prepare("test", bias, q, k), p, seed)
+
+    def reference(dtype):
+        def fn(q, k, v, bias=bias):
+            return attention_reference(q, k, v, None, dropout_p=p, dropout_seed=seed, dtype=dtype, bias=bias,
+                                       **options)
+        return fn
+
+    hopper = "bias rows unaligned" not in what and "softcap" not in what
+    names = kernels_launched(lambda: _loss_grads(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
+                                                 torch.zeros(b, h, sq, device="cuda")))
+    assert ("attn_bwd_dkdv_sm90" in names) == hopper, names
+    assert ("attn_bwd_dkdv" in names) != hopper, names
+    if head_dim == 128:
+        assert ("attn_bwd_dq_sm90" in names) == hopper, names
+    w_out = torch.randn(q.shape, device="cuda")
+    w_lse = torch.randn(b, h, sq, device="cuda")
+    if what == "mask":  # rows with lse -inf: keep their weight out of the loss
+        w_lse = w_lse * torch.isfinite(reference(torch.float64)(q.double(), k.double(), v.double())[1])
+    got = _loss_grads(fattn_fn, tensors, w_out, w_lse)
+    ref = _loss_grads(reference(torch.float64), [t.double() if t.is_floating_point() else t for t in tensors],
+                      w_out.double(), w_lse.double())
+    low = _loss_grads(reference(dtype), tensors, w_out, w_lse)
+    check_gradients([g.to(dtype) for g in got[:3]], ref[:3], low[:3], dtype, what=f"{what} d{head_dim}")
+    if with_bias:
+        err, base = (got[3] - ref[3]).abs().max().item(), (low[3] - ref[3]).abs().max().item()
+        rounding = 0.5 * torch.finfo(dtype).eps * ref[3].abs().max().item()
+        assert err <= 2 * base + 1e-5 + rounding, f"{what} d{head_dim} dbias {err:.3e} > 2 x {base:.3e}"

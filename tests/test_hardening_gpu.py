@@ -224,7 +224,8 @@ def test_compute_sanitizer_finds_nothing(tool):
                     reason="the Hopper kernels run on sm_90 only")
 @pytest.mark.parametrize("call", ["forward-d128", "forward-d64", "forward-d96", "forward-d192", "backward-d64",
                                   "backward-d64-deterministic", "backward-d96",
-                                  "backward-d128-softcap", "backward-d256", "dq-d128"])
+                                  "backward-d128-softcap", "backward-d256", "dq-d128", "forward-d128-bias",
+                                  "backward-d128-bias", "dq-d128-bias"])
 def test_racecheck_finds_nothing_in_the_hopper_kernels_own_shared_memory(call):
     # Every shared-memory hazard racecheck reports in the call's Hopper kernel must lie in the
     # variant's last 1 KB-aligned block of shared memory (Triton's partition values), or past its

@@ -170,10 +170,12 @@ def attn_bwd_dkdv(
     pair's dQ (softmax_scale * dS K) into DQAccum, float32 laid out like Q and zeroed by the op,
     which then launches no attn_bwd_dq; the order of the additions varies between runs.
     SCORE_MOD 3 is SCORE_MOD 1 for ALiBi without a softcap (softcap_log2 0), whose code leaves
-    the softcap out. Only the Hopper implementation (backward_sm90.py) has either: configs.json
-    builds no such variant of this kernel."""
+    the softcap out; SCORE_MOD 4 is SCORE_MOD 2 without a softcap for a bias whose rows TMA can
+    read (attn_fwd says when) and, with write_dbias, seqlen_k a multiple of 4 (DBias's rows then
+    16-byte multiples too). Only the Hopper implementation (backward_sm90.py) has these:
+    configs.json builds no such variant of this kernel."""
     tl.static_assert(not ACCUMULATE_DQ, "attn_bwd_dkdv has no dQ accumulation (configs.json builds none)")
-    tl.static_assert(SCORE_MOD != 3, "attn_bwd_dkdv has no ALiBi-only variant (configs.json builds none)")
+    tl.static_assert(SCORE_MOD <= 2, "attn_bwd_dkdv has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -301,8 +303,9 @@ def attn_bwd_dq(
 ):
     """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias, dropout and segment ids (SegmentSpans
     per query tile of BLOCK_M) as in attn_fwd. SCORE_MOD 3 (ALiBi without a softcap, its code left
-    out) exists in the Hopper implementation (backward_dq_sm90.py) alone."""
-    tl.static_assert(SCORE_MOD != 3, "attn_bwd_dq has no ALiBi-only variant (configs.json builds none)")
+    out) and 4 (attn_bwd_dkdv's: a bias read by TMA) exist in the Hopper implementation
+    (backward_dq_sm90.py) alone."""
+    tl.static_assert(SCORE_MOD <= 2, "attn_bwd_dq has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)

@@ -15,7 +15,8 @@ registers as the last product's A operand.
 Tiles are visited as in attn_bwd_dq: the fully visible ones first without a mask, then the
 window's edges and the end of the keys (forward_sm90._key_tiles). Supported: SCORE_MOD 0 and 1
 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids; configs.json keeps SCORE_MOD 2
-(bias, dropout) on attn_bwd_dq. SCORE_MOD 3, ALiBi without a softcap, is this kernel's alone
+(any bias, dropout alone) on attn_bwd_dq. SCORE_MOD 3, ALiBi without a softcap, and 4, a bias
+that TMA can read (bias_sm90.py) with dropout and ALiBi and no softcap, are this kernel's alone
 (attn_bwd_dq's contract). The op guarantees what TMA needs, as for the forward.
 """
 
@@ -26,7 +27,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .backward import ATTN_BWD_DQ
+from .bias_sm90 import add_bias, bias_slots, consumer_slot, invalidate_bias_slots, load_bias
 from .common import alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, sequence_span
+from .dropout_sm90 import dropout_keep
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
 from .spec import KernelSpec
 
@@ -35,10 +38,11 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty,
-          v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles,
+          v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, bias_load,
           HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The producer warp: both halves of Q and dO (one barrier per half), then each visited
-    tile's K and V into the ring."""
+    tile's K and V into the ring, and with SCORE_MOD 4 (bias_load not empty) its bias rows of
+    each half (bias_sm90.load_bias)."""
     if n_tiles > 0:
         for half in gl.static_range(2):
             mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
@@ -49,20 +53,26 @@ def _load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_re
     for i in range(n_tiles):
         start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
         _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, start_n, STAGES)
+        if len(bias_load) > 0:
+            load_bias(bias_load, i, start_m, start_n, 2, HALF_M)
 
 
 @gluon.jit
 def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_k, diagonal, window_left,
                     window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base,
-                    use_segments, SCORE_MOD: gl.constexpr):
-    """dS of key tile j from its S and dP: attn_bwd_dq's _dq_key_tiles between the products."""
+                    use_segments, mods, row0, SCORE_MOD: gl.constexpr):
+    """dS of key tile j from its S and dP: attn_bwd_dq's _dq_key_tiles between the products.
+    SCORE_MOD 4 adds the bias from the warpgroup's slot and drops dP where the forward dropped P
+    (mods: the slot and the dropout's arguments; row0, the warpgroup's first row)."""
     cols = start_n + offs_n
     s = s * qk_scale
     if SCORE_MOD:
         # The rows stay put through this kernel's loop, so the offset joins their diagonal once; on
         # the key side it cost a subtraction per column and tile (4-5 % of dQ's time at d128).
-        if SCORE_MOD == 3:  # ALiBi without a softcap: none of the softcap's code
+        if SCORE_MOD >= 3:  # ALiBi without a softcap: none of the softcap's code
             s = alibi_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, alibi_log2, 0)
+            if SCORE_MOD == 4:
+                s = add_bias(s, mods[0], j)
         else:
             s, dcap = modified_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, softcap_log2,
                                       alibi_log2, 0)
@@ -75,6 +85,12 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
         p = gl.where(visible, p, 0.0)
     if SCORE_MOD == 1:
         p = p * dcap  # the softcap's derivative
+    if SCORE_MOD == 4:
+        seed, batch, head, threshold, scale = mods[1], mods[2], mods[3], mods[4], mods[5]
+        layout: gl.constexpr = dp.type.layout
+        if threshold > 0:
+            keep = dropout_keep(seed, batch, head, row0, start_n, threshold, layout, dp.shape[0], dp.shape[1], False)
+            dp = gl.where(keep, dp * scale, 0.0)
     return p * (dp - delta[:, None])
 
 
@@ -82,7 +98,7 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
 def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
               Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi, n_full,
               n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-              alibi_offset, softmax_scale,
+              alibi_offset, softmax_scale, mods,
               HALF: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr, SCORE_MOD: gl.constexpr):
     """One consumer warpgroup: rows [start_m + HALF * HALF_M, + HALF_M) through every visited
@@ -122,7 +138,7 @@ def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
         start_n = _tile_start(0, lo, full_lo, full_hi, n_full, BLOCK_N)
         ds = _score_gradient(s, dp, 0, start_n, rows, offs_n, lse, delta, n_full, seqlen_k, diagonal, window_left,
                              window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base,
-                             use_segments, SCORE_MOD)
+                             use_segments, mods, row0, SCORE_MOD)
         ds_op = gl.convert_layout(ds.to(dtype), a_layout)
         turn_phase = 0
         for j in range(1, n_tiles):
@@ -143,7 +159,7 @@ def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
             start_n = _tile_start(j, lo, full_lo, full_hi, n_full, BLOCK_N)
             ds = _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_k, diagonal,
                                  window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg,
-                                 kv_seg_base, use_segments, SCORE_MOD)
+                                 kv_seg_base, use_segments, mods, row0, SCORE_MOD)
             # dS(j-1)'s registers are the running product's operand until it finishes.
             dq = warpgroup_mma_wait(0, deps=(dq, ))
             mbarrier.arrive(k_empty.index(prev), count=1)
@@ -179,9 +195,10 @@ def attn_bwd_dq_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
 ):
-    """attn_bwd_dq's contract (see its docstring) for SCORE_MOD 0 and 1; Bias and dropout are
-    not read (the op sends those calls to attn_bwd_dq). Launched with 4 warps (the first consumer
-    warpgroup); warp_specialize adds the second consumer and the producer warp."""
+    """attn_bwd_dq's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by
+    TMA, dropout, ALiBi). Launched with 4 warps (the first consumer warpgroup); warp_specialize
+    adds the second consumer and the producer warp."""
+    gl.static_assert(SCORE_MOD != 2, "attn_bwd_dq_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
     # K(j-1) is held through iteration j, so a third slot keeps K(j+1) loading; four, because
     # the slot and phase arithmetic then needs no division by three (1.01-1.04x, NOTES.md T19).
     STAGES: gl.constexpr = 4
@@ -233,24 +250,40 @@ def attn_bwd_dq_sm90(
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     row_base = batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
+    # SCORE_MOD 4's bias (by TMA, bias_sm90.py) and dropout, as in forward_sm90.py: bias_load for
+    # the producer, per consumer its slot and the dropout's arguments. Empty tuples otherwise.
+    bias_load = ()
+    mods_0 = ()
+    mods_1 = ()
+    if SCORE_MOD == 4:
+        seed = gl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+        bias_load = bias_slots(Bias + batch * stride_biasb + head.to(gl.int64) * stride_biash, stride_biasq, use_bias,
+                               seqlen_q, seqlen_k, dtype, 2, HALF_M, BLOCK_N)
+        mods_0 = (consumer_slot(bias_load, 0), seed, batch, head, dropout_threshold, dropout_scale)
+        mods_1 = (consumer_slot(bias_load, 1), seed, batch, head, dropout_threshold, dropout_scale)
 
     gl.warp_specialize([
         (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
                      Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi,
                      n_full, n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2,
-                     alibi_log2, alibi_offset, softmax_scale, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
+                     alibi_log2, alibi_offset, softmax_scale, mods_0, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES,
+                     SCORE_MOD)),
         (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
                      Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi,
                      n_full, n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2,
-                     alibi_log2, alibi_offset, softmax_scale, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD)),
+                     alibi_log2, alibi_offset, softmax_scale, mods_1, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES,
+                     SCORE_MOD)),
         (_load, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
-                 k_empty, v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, HALF_M, BLOCK_N, STAGES)),
+                 k_empty, v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, bias_load, HALF_M, BLOCK_N,
+                 STAGES)),
     ], [4, 1], [240, 24])
 
     for b in gl.static_range(2):
         mbarrier.invalidate(q_ready.index(b))
         mbarrier.invalidate(turn.index(b))
     _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES)
+    if SCORE_MOD == 4:
+        invalidate_bias_slots(bias_load, 2)
 
 
 # attn_bwd_dq's contract: its parameters (the spec checks the function against them) and constexprs.

@@ -33,9 +33,13 @@ A 96 bucket (two-warpgroup form, no dQ accumulation) runs the head dim in two pi
 columns, each with its own descriptors, tiles and products (forward_sm90.py's split).
 
 Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
-configs.json keeps SCORE_MOD 2 (bias, dropout) on attn_bwd_dkdv. SCORE_MOD 3 is ALiBi without a
-softcap, this kernel's alone: without the softcap's tanh and derivative tile, the 128-key form's
-consumers fit their registers at d128 with ALiBi (attn_bwd_dkdv's contract says so).
+configs.json keeps SCORE_MOD 2 (any bias, dropout alone) on attn_bwd_dkdv. SCORE_MOD 3 is ALiBi
+without a softcap, this kernel's alone: without the softcap's tanh and derivative tile, the
+128-key form's consumers fit their registers at d128 with ALiBi (attn_bwd_dkdv's contract says
+so). SCORE_MOD 4, its own too (the two-warpgroup form without dQ accumulation), is a bias that TMA
+can read, with dropout and ALiBi and no softcap: the producer loads each query tile's bias rows
+into its Q/dO slot, each consumer adds its keys' rows to S^T, writes dS^T as d bias through a
+float32 staging tile and TMA stores, and draws the dropout mask transposed (dropout_sm90.py).
 """
 
 from triton.experimental import gluon
@@ -51,6 +55,7 @@ from .common import (
     alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_query_range,
 )
+from .dropout_sm90 import dropout_keep
 from .spec import KernelSpec
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -103,13 +108,14 @@ def _group_tile(t, g, i, n_tiles, CARRIED: gl.constexpr):
 def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
           kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
           lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1, q_smem1,
-          do_smem1, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CARRIED: gl.constexpr,
-          D1: gl.constexpr):
+          do_smem1, bias_load, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+          CARRIED: gl.constexpr, D1: gl.constexpr):
     """The producer warp: both halves of K and V, then every head's visited Q, dO, lse and delta
     tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
     after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1. With D1 > 0
     every tile also has its second head-dim piece (the *1 descriptors and buffers), loaded on the
-    same barriers."""
+    same barriers, and with SCORE_MOD 4 (bias_load not empty, a bias) the tile's bias rows for
+    both halves of the keys (_load_bias_rows)."""
     row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     if n_tiles > 0:
         kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
@@ -135,18 +141,77 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
         lse = lse_log2(Lse + head_base, rows, seqlen_q)
         delta = gl.load(Delta + head_base + rows, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+        QDO_BYTES: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+        QDO1_BYTES: gl.constexpr = q_desc1.block_type.nbytes + do_desc1.block_type.nbytes if D1 > 0 else 0
+        if len(bias_load) > 0:
+            _load_bias_rows(bias_load, ready.index(stage), stage, start_m, g, start_n, QDO_BYTES + QDO1_BYTES)
+        else:
+            mbarrier.expect(ready.index(stage), QDO_BYTES + QDO1_BYTES)
         if D1 > 0:
-            mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + q_desc1.block_type.nbytes + do_desc1.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc1, [start_m, g, 0], ready.index(stage), q_smem1.index(stage))
             tma.async_copy_global_to_shared(do_desc1, [start_m, g, 0], ready.index(stage), do_smem1.index(stage))
-        else:
-            mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [start_m, g, 0], ready.index(stage), q_smem.index(stage))
         tma.async_copy_global_to_shared(do_desc, [start_m, g, 0], ready.index(stage), do_smem.index(stage))
         lse_smem.index(stage).store(lse)
         delta_smem.index(stage).store(delta)
         mbarrier.arrive(ready.index(stage), count=1)
+
+
+@gluon.jit
+def _load_bias_rows(bias_load, ready, stage, start_m, g, start_n, OTHER_BYTES: gl.constexpr):
+    """The `ready` barrier's byte count for a slot (OTHER_BYTES, Q's and dO's, plus the bias's when
+    there is one: one expect, as the barrier counts one arrival for it) and the load of the query
+    tile's bias rows for the whole key tile, [BLOCK_M, 1, BLOCK_N] of head g of the group (head 0
+    of a bias broadcast over the heads), into the slot's bias buffer."""
+    desc, smem, use_bias, head_step = bias_load
+    if use_bias != 0:
+        mbarrier.expect(ready, OTHER_BYTES + desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [start_m, g * head_step, start_n], ready, smem.index(stage))
+    else:
+        mbarrier.expect(ready, OTHER_BYTES)
+
+
+@gluon.jit
+def _bias_rows_t(s_t, mods, stage, HALF: gl.constexpr, HALF_N: gl.constexpr):
+    """The log2-domain scores S^T of this warpgroup's keys plus their bias (the slot's rows of the
+    query tile, transposed: keys as rows), or S^T without a bias. mods: _accumulate's."""
+    smem, use_bias = mods[0], mods[1]
+    if use_bias != 0:
+        tile = smem.index(stage)
+        tile = tile.reshape([tile.shape[0], tile.shape[2]]).slice(HALF * HALF_N, HALF_N, dim=1).permute((1, 0))
+        s_t = s_t + tile.load(s_t.type.layout).to(gl.float32) * LOG2E
+    return s_t
+
+
+@gluon.jit
+def _store_dbias_t(ds_t, mods, start_m, g, key0):
+    """d bias, dS^T of this warpgroup's keys and the query tile, into DBias (float32, its rows the
+    queries) through the warpgroup's staging tile and TMA stores of 32 columns each (a swizzled
+    box spans at most 128 bytes of a row), which clip rows and keys past the sequence's ends.
+    Nothing unless write_dbias."""
+    desc, staging, write_dbias = mods[2], mods[3], mods[4]
+    if write_dbias != 0:
+        tma.store_wait(0)  # the last tile's stores have read the staging tile
+        staging.reshape([staging.shape[0], staging.shape[2]]).permute((1, 0)).store(ds_t)
+        fence_async_shared()
+        for c in gl.static_range(staging.shape[2] // 32):
+            tma.async_copy_shared_to_global(desc, [start_m, g, key0 + c * 32], staging.slice(c * 32, 32, dim=2))
+
+
+@gluon.jit
+def _dropout_t(p_t, mods, start_m, key0, head):
+    """(keep, scale) of the dropout on P^T of this warpgroup's keys and the query tile at start_m:
+    the forward's mask transposed (dropout_sm90.dropout_keep) and 1 / keep probability; every
+    score kept, at scale 1, without dropout."""
+    seed, batch, threshold, scale, scratch = mods[5], mods[6], mods[7], mods[8], mods[9]
+    layout: gl.constexpr = p_t.type.layout
+    if threshold > 0:
+        keep_t = dropout_keep(seed, batch, head, start_m, key0, threshold, layout, p_t.shape[1], p_t.shape[0], True,
+                              scratch)
+    else:
+        keep_t = gl.full(p_t.shape, 1, gl.int1, layout)
+        scale = scale * 0.0 + 1.0
+    return keep_t, scale
 
 
 @builtin
@@ -200,7 +265,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 use_alibi, alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                 start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                 window_left, window_right, qk_scale, softcap_log2, softmax_scale, ds_smem, ds_ready, dqa_desc, dq_smem,
-                k_smem1, v_smem1, q_smem1, do_smem1,
+                k_smem1, v_smem1, q_smem1, do_smem1, mods,
                 HALF: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
                 STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, ACCUMULATE_DQ: gl.constexpr, CARRIED: gl.constexpr,
                 D1: gl.constexpr):
@@ -209,7 +274,10 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
     also its keys' part of each query tile's dQ, over all the columns (_accumulate_dq: the
     ds_smem, ds_ready, dqa_desc and dq_smem arguments; None without it). With D1 > 0 the head
     dim comes in two pieces (BLOCK_D columns, then D1 in the *1 buffers): S^T and dP^T sum both
-    pieces' products, dK and dV are two accumulators each."""
+    pieces' products, dK and dV are two accumulators each. SCORE_MOD 4 (mods: the bias slots,
+    use_bias, the d bias descriptor, this warpgroup's staging tile, write_dbias, and the dropout's
+    seed, batch, threshold, scale and mask buffer) adds the bias to S^T, writes dS^T as d bias, and drops P^T
+    and dP^T where the forward dropped P."""
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -270,8 +338,10 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                if SCORE_MOD == 3:
+                if SCORE_MOD >= 3:
                     s_t = alibi_scores(s_t, rows[None, :], keys[:, None], diagonal, alibi_log2, alibi_offset)
+                    if SCORE_MOD == 4:
+                        s_t = _bias_rows_t(s_t, mods, stage, HALF, HALF_N)
                 else:
                     s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None],
                                                 diagonal, softcap_log2, alibi_log2, alibi_offset)
@@ -283,7 +353,12 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                     visible = visible & (kv_seg[:, None] == q_seg[None, :])
                 p_t = gl.where(visible, p_t, 0.0)
             # dV's product runs while this warpgroup waits for dP^T and computes dS^T.
-            p_op = gl.convert_layout(p_t.to(dtype), a_layout)
+            if SCORE_MOD == 4:
+                # Dropout: dV takes the kept probabilities (rescaled), dP^T is kept the same way.
+                keep_t, kept_scale = _dropout_t(p_t, mods, start_m, key0, kv_head * kv_group_size + g)
+                p_op = gl.convert_layout(gl.where(keep_t, p_t * kept_scale, 0.0).to(dtype), a_layout)
+            else:
+                p_op = gl.convert_layout(p_t.to(dtype), a_layout)
             dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
             if D1 > 0:
                 dv1 = warpgroup_mma(gl.convert_layout(p_op, a_layout1), do_tile1, dv1, is_async=True)
@@ -291,7 +366,11 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 p_t = p_t * dcap  # the softcap's derivative, folded in now: one [64, 64] tile fewer live
             delta = delta_smem.index(stage).load(row_layout)
             dp_t = warpgroup_mma_wait(PIECES, deps=(dp_t, ))
+            if SCORE_MOD == 4:
+                dp_t = gl.where(keep_t, dp_t * kept_scale, 0.0)
             ds_t = p_t * (dp_t - delta[None, :])
+            if SCORE_MOD == 4:
+                _store_dbias_t(ds_t, mods, start_m, g, key0)
             if ACCUMULATE_DQ:
                 dk, dv = _accumulate_dq(ds_t.to(dtype), dk, dv, q_tile, k_tile, ds_smem, ds_ready, dqa_desc, dq_smem,
                                         t, start_m, g, softmax_scale, HALF, BLOCK_M, BLOCK_D)
@@ -304,8 +383,10 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
                 dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
             mbarrier.arrive(empty.index(stage), count=1)
-        if ACCUMULATE_DQ:
-            tma.store_wait(0)  # the last reduction has read dq_smem before the CTA's shared memory goes
+        if ACCUMULATE_DQ or SCORE_MOD == 4:
+            # The last reduction or d bias store has read its staging tile before the CTA's shared
+            # memory goes.
+            tma.store_wait(0)
 
     _store_rows(DK, DV, stride_dks, stride_dvs, dk * softmax_scale, dv, key0, 0, seqlen_k, head_dim, HALF_N, BLOCK_D)
     if D1 > 0:
@@ -449,10 +530,10 @@ def attn_bwd_dkdv_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, ACCUMULATE_DQ: gl.constexpr,
 ):
-    """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0 and 1; Bias, dropout and
-    DBias are not read (the op sends those calls to attn_bwd_dkdv). BLOCK_N 128: two consumer
-    warpgroups of 64 keys (_accumulate, up to head dim 128); BLOCK_N 64: the wide-head form, whose
-    warpgroups share the keys and split the head dim (_accumulate_wide). ACCUMULATE_DQ (up to
+    """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by
+    TMA, d bias, dropout). BLOCK_N 128: two consumer warpgroups of 64 keys (_accumulate, up to
+    head dim 128); BLOCK_N 64: the wide-head form, whose warpgroups share the keys and split the
+    head dim (_accumulate_wide). ACCUMULATE_DQ (up to
     d128): each warpgroup also adds a part of each query tile's dQ to DQAccum by bulk TMA
     reductions (_reduce_dq): its keys' part over all the columns in the first form, half of the
     columns over all the keys in the wide one. Launched with 4 warps, warp_specialize adds the
@@ -485,6 +566,10 @@ def attn_bwd_dkdv_sm90(
                          "tiles within shared memory")
     if WIDE or ACCUMULATE_DQ:
         gl.static_assert(D1 == 0, "the head dim in two pieces: the two-warpgroup form without dQ accumulation")
+    gl.static_assert(SCORE_MOD != 2, "attn_bwd_dkdv_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
+    if SCORE_MOD == 4:
+        gl.static_assert(not WIDE and not ACCUMULATE_DQ and BLOCK_M == 64,
+                         "a bias in the two-warpgroup form without dQ accumulation, 64-row query tiles")
 
     pid_n = gl.program_id(0)
     kv_head = gl.program_id(1)
@@ -556,6 +641,36 @@ def attn_bwd_dkdv_sm90(
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
 
+    # SCORE_MOD 4: the bias rows of each query tile come with its Q and dO (one buffer per slot,
+    # bias_load for the producer); a bias broadcast over the heads is read at head 0 of a
+    # one-head descriptor. d bias goes out through a float32 staging tile per warpgroup, and the
+    # transposed dropout mask through an int8 tile of its own (dropout_sm90.py says why). mods_*:
+    # each consumer's part. Empty tuples otherwise (a None would not pass into the partitions).
+    bias_load = ()
+    mods_0 = ()
+    mods_1 = ()
+    if SCORE_MOD == 4:
+        bias_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+        per_head = stride_biash != 0
+        bias_desc = tma.make_tensor_descriptor(
+            Bias + batch * stride_biasb + first_head * stride_biash,
+            [seqlen_q, gl.where(per_head, kv_group_size, 1), seqlen_k],
+            [stride_biasq, gl.where(per_head, stride_biash, stride_biasq), 1], [BLOCK_M, 1, BLOCK_N], bias_layout)
+        bias_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, BLOCK_N], bias_layout)
+        bias_load = (bias_desc, bias_smem, use_bias, per_head.to(gl.int32))
+        dbias_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+        dbias_desc = tma.make_tensor_descriptor(DBias + batch * stride_dbiasb + first_head * stride_dbiash,
+                                                [seqlen_q, kv_group_size, seqlen_k], [stride_dbiasq, stride_dbiash, 1],
+                                                [BLOCK_M, 1, 32], dbias_layout)
+        seed = gl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+        keep_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        mods_0 = (bias_smem, use_bias, dbias_desc, gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, HALF_N],
+                  dbias_layout), write_dbias, seed, batch, dropout_threshold, dropout_scale,
+                  gl.allocate_shared_memory(gl.int8, [BLOCK_M, HALF_N], keep_layout))
+        mods_1 = (bias_smem, use_bias, dbias_desc, gl.allocate_shared_memory(gl.float32, [BLOCK_M, 1, HALF_N],
+                  dbias_layout), write_dbias, seed, batch, dropout_threshold, dropout_scale,
+                  gl.allocate_shared_memory(gl.int8, [BLOCK_M, HALF_N], keep_layout))
+
     dqa_desc, dq_smem0, dq_smem1 = None, None, None
     if ACCUMULATE_DQ:
         # The float32 accumulator's descriptor over the group's heads and a dQ staging tile per
@@ -594,7 +709,7 @@ def attn_bwd_dkdv_sm90(
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1,
-                     q_smem1, do_smem1, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
+                     q_smem1, do_smem1, bias_load, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
         ], [4, PRODUCER_WARPS], [240, 24])
         for b in gl.static_range(2):
             mbarrier.invalidate(tile_ready.index(b))
@@ -613,19 +728,19 @@ def attn_bwd_dkdv_sm90(
                            alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                           ds_smem, ds_ready, dqa_desc, dq_smem0, k_smem1, v_smem1, q_smem1, do_smem1,
+                           ds_smem, ds_ready, dqa_desc, dq_smem0, k_smem1, v_smem1, q_smem1, do_smem1, mods_0,
                            0, HALF_N, BLOCK_M, D0, STAGES, SCORE_MOD, ACCUMULATE_DQ, CARRIED, D1)),
             (_accumulate, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                            dk_base, dv_base, stride_dks, stride_dvs, Alibi, alibi_base, stride_alibih, use_alibi,
                            alibi_offset, q_seg_base, kv_seg_base, use_segments, kv_group_size, kv_head,
                            start_n, seqlen_q, seqlen_k, head_dim, lo, full_lo, full_hi, n_full, n_tiles,
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
-                           ds_smem, ds_ready, dqa_desc, dq_smem1, k_smem1, v_smem1, q_smem1, do_smem1,
+                           ds_smem, ds_ready, dqa_desc, dq_smem1, k_smem1, v_smem1, q_smem1, do_smem1, mods_1,
                            1, HALF_N, BLOCK_M, D0, STAGES, SCORE_MOD, ACCUMULATE_DQ, CARRIED, D1)),
             (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
                      lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1,
-                     q_smem1, do_smem1, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
+                     q_smem1, do_smem1, bias_load, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
         ], [4, PRODUCER_WARPS], [240, 24])
 
     mbarrier.invalidate(kv_ready)

@@ -7,8 +7,11 @@ itself; Gluon's tensors carry explicit layouts, so here the call grid is laid ou
 thread makes the calls whose draws it keeps, and the draws are spread over the tile by joins,
 a reshape and a permute whose layouts Gluon infers. For a 64-row accumulator tile of one
 warpgroup (queries as rows: the forward and the dQ kernel) the result is that accumulator's
-layout exactly (`assert_trivial`: no data moves); for the dK/dV kernel's transposed tiles it is
-converted through shared memory.
+layout exactly (`assert_trivial`: no data moves); for the dK/dV kernel's transposed tiles it goes
+through a shared-memory buffer of the caller's. Not through a layout conversion's own scratch: in
+a warp-specialized kernel Triton 3.6 may place that scratch where the default partition's
+arguments to the other partitions lie, which those read after the default partition has gone on
+(compute-sanitizer's racecheck finds it; NOTES.md T30).
 """
 
 import triton.language as tl
@@ -23,10 +26,11 @@ _CALL_GRID = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
 
 @gluon.jit
 def dropout_keep(seed, batch, head, row0, key0, threshold, layout: gl.constexpr, ROWS: gl.constexpr,
-                 KEYS: gl.constexpr, KEYS_FIRST: gl.constexpr):
+                 KEYS: gl.constexpr, KEYS_FIRST: gl.constexpr, scratch=None):
     """common.dropout_keep (its draw of every (row, key) of the tile at row0, key0, multiples of
     16, counted from the sequence's start): bool [ROWS, KEYS] in `layout`, or [KEYS, ROWS] when
-    KEYS_FIRST. ROWS is 64, one warpgroup's rows."""
+    KEYS_FIRST, transposed through `scratch`, an int8 [ROWS, KEYS] shared buffer of the calling
+    warpgroup's own. ROWS is 64, one warpgroup's rows."""
     gl.static_assert(ROWS == 64, "one warpgroup's 64 rows")
     # Call (r, c) serves rows i with (i // 16) * 8 + i % 8 = r and keys k with
     # (k // 16) * 4 + (k % 8) // 2 = c.
@@ -48,6 +52,10 @@ def dropout_keep(seed, batch, head, row0, key0, threshold, layout: gl.constexpr,
     keep = gl.permute(keep, (0, 5, 1, 2, 4, 3, 6))
     keep = gl.reshape(keep, [ROWS, KEYS])
     if KEYS_FIRST:
-        return gl.convert_layout(gl.permute(keep, (1, 0)), layout)
+        scratch.store(keep.to(gl.int8))
+        gl.thread_barrier()  # every thread's part is there
+        keep = scratch.permute((1, 0)).load(layout) != 0
+        gl.thread_barrier()  # and read, before the next tile's is stored
+        return keep
     else:
         return gl.convert_layout(keep, layout, assert_trivial=True)

@@ -47,6 +47,7 @@ from .common import (
     alibi_scores, key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_key_range,
 )
+from .bias_sm90 import add_bias, bias_slots, consumer_slot, invalidate_bias_slots, load_bias
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .spec import KernelSpec
@@ -155,7 +156,8 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
     v_empty, one arrival per consumer). The ring's position runs on across query tiles, so the
     next tile's K and V load while the consumers finish this one. With D1 > 0 each tile also
     has its second head-dim piece (the *1 descriptors and buffers), loaded on the same barriers.
-    bias_load (SCORE_MOD 4, else empty): each key tile's bias rows of each consumer (_load_bias)."""
+    bias_load (SCORE_MOD 4, else empty): each key tile's bias rows of each consumer
+    (bias_sm90.load_bias)."""
     it = 0
     for k in range(n_rounds):
         start_m = _program_tile(k, pid, num_programs, num_m_tiles, heavy_first) * BLOCK_M
@@ -186,22 +188,8 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
                 _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
                                STAGES)
             if len(bias_load) > 0:
-                _load_bias(bias_load, it, start_m, start_n, BLOCK_M, WG_M)
+                load_bias(bias_load, it, start_m, start_n, BLOCK_M // WG_M, WG_M)
             it += 1
-
-
-@gluon.jit
-def _load_bias(bias_load, it, start_m, start_n, BLOCK_M: gl.constexpr, WG_M: gl.constexpr):
-    """The producer's load of the `it`-th key tile's bias, [WG_M rows, BLOCK_N keys] per
-    consumer, by TMA (zero past the sequence's ends, as common.bias_log2 reads) into the consumer's one
-    bias slot, once it has read the last tile's (bias_empty). Nothing without a bias."""
-    bias_desc, bias_smem, bias_ready, bias_empty, use_bias = bias_load
-    if use_bias != 0:
-        for wg in gl.static_range(BLOCK_M // WG_M):
-            mbarrier.wait(bias_empty.index(wg), (it & 1) ^ 1)
-            mbarrier.expect(bias_ready.index(wg), bias_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(bias_desc, [start_m + wg * WG_M, start_n], bias_ready.index(wg),
-                                            bias_smem.index(wg))
 
 
 @gluon.jit
@@ -214,7 +202,7 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
     log2 domain. SEGMENTS: 1 masks by segment ids where use_segments says so; 0 and 2 (the key
     loop's two copies at 160 registers, _key_loop) never and always. SCORE_MOD 4 adds the bias
     after the softcap and ALiBi: the `it`-th key tile's, from the warpgroup's bias slot (mods,
-    _attend_tile's), which the producer refills once it is released (_load_bias)."""
+    _attend_tile's), which the producer refills once it is released (bias_sm90.add_bias)."""
     cols = start_n + offs_n
     if SCORE_MOD == 3:  # ALiBi without a softcap: none of the softcap's code
         s = alibi_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, alibi_log2, alibi_offset)
@@ -222,11 +210,7 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
         s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :],
                                diagonal, softcap_log2, alibi_log2, alibi_offset)
         if SCORE_MOD == 4:
-            bias_smem, bias_ready, bias_empty, use_bias = mods[0], mods[1], mods[2], mods[3]
-            if use_bias != 0:
-                mbarrier.wait(bias_ready, it & 1)
-                s = s + bias_smem.load(s.type.layout).to(gl.float32) * LOG2E
-                mbarrier.arrive(bias_empty, count=1)
+            s = add_bias(s, mods[0], it)
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
         s = s * qk_scale
     if i >= n_full:
@@ -264,7 +248,7 @@ def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
     forward's mask (dropout_sm90.dropout_keep, common.dropout_keep's draws) drops a key; the
     row sums keep them (dropout acts after the softmax), and the output is scaled at the end."""
     if SCORE_MOD == 4:
-        seed, batch, head, threshold = mods[4], mods[5], mods[6], mods[7]
+        seed, batch, head, threshold = mods[1], mods[2], mods[3], mods[4]
         layout: gl.constexpr = p.type.layout
         if threshold > 0:
             keep = dropout_keep(seed, batch, head, row0, start_n, threshold, layout, p.shape[0], p.shape[1], False)
@@ -460,9 +444,9 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
         l_o1 = gl.convert_layout(l_i, orow_layout1)
         out1 = acc1 / gl.where(l_o1 == 0.0, 1.0, l_o1)[:, None]
     if SCORE_MOD == 4:  # the kept probabilities' 1 / (1 - p); 1 without dropout
-        out = out * mods[8]
+        out = out * mods[5]
         if D1 > 0:
-            out1 = out1 * mods[8]
+            out1 = out1 * mods[5]
 
     # Out through shared memory and TMA, which clips rows past the sequence and columns past
     # head_dim: o_smem (the previous tile's store finished reading it first), or with
@@ -626,34 +610,22 @@ def attn_fwd_sm90(
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     span_base = SegmentSpans + batch * stride_spanb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
-    # SCORE_MOD 4's bias and dropout. The bias (as attn_fwd's, over the sequence's [seqlen_q,
-    # seqlen_k]) comes by TMA: the producer loads each key tile's [WG_M, BLOCK_N] box per consumer
-    # into the consumer's slot. Empty tuples for the other SCORE_MODs (a None would not pass into
-    # the partitions).
+    # SCORE_MOD 4's bias (as attn_fwd's, over the sequence's [seqlen_q, seqlen_k]; by TMA,
+    # bias_sm90.py) and dropout: bias_load for the producer, per consumer its bias slot and the
+    # dropout's arguments (mods). Empty tuples for the other SCORE_MODs (a None would not pass
+    # into the partitions).
     mods_0 = ()
     mods_1 = ()
     mods_2 = ()
     bias_load = ()
     if SCORE_MOD == 4:
         seed = gl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
-        bias_base = Bias + batch * stride_biasb + head.to(gl.int64) * stride_biash
-        bias_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        bias_desc = tma.make_tensor_descriptor(bias_base, [seqlen_q, seqlen_k], [stride_biasq, 1], [WG_M, BLOCK_N],
-                                               bias_layout)
-        bias_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, BLOCK_N], bias_layout)
-        bias_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        bias_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(CONSUMERS):
-            mbarrier.init(bias_ready.index(b), count=1)
-            mbarrier.init(bias_empty.index(b), count=1)
-        bias_load = (bias_desc, bias_smem, bias_ready, bias_empty, use_bias)
-        mods_0 = (bias_smem.index(0), bias_ready.index(0), bias_empty.index(0), use_bias, seed, batch, head,
-                  dropout_threshold, dropout_scale)
-        mods_1 = (bias_smem.index(1), bias_ready.index(1), bias_empty.index(1), use_bias, seed, batch, head,
-                  dropout_threshold, dropout_scale)
+        bias_load = bias_slots(Bias + batch * stride_biasb + head.to(gl.int64) * stride_biash, stride_biasq, use_bias,
+                               seqlen_q, seqlen_k, dtype, CONSUMERS, WG_M, BLOCK_N)
+        mods_0 = (consumer_slot(bias_load, 0), seed, batch, head, dropout_threshold, dropout_scale)
+        mods_1 = (consumer_slot(bias_load, 1), seed, batch, head, dropout_threshold, dropout_scale)
         if CONSUMERS == 3:
-            mods_2 = (bias_smem.index(2), bias_ready.index(2), bias_empty.index(2), use_bias, seed, batch, head,
-                      dropout_threshold, dropout_scale)
+            mods_2 = (consumer_slot(bias_load, 2), seed, batch, head, dropout_threshold, dropout_scale)
 
     # The partitions, written out per consumer count (Triton 3.6 passes a tuple's constexpr
     # elements, such as WG_M, on as values, so the shared arguments cannot be one tuple):
@@ -710,9 +682,7 @@ def attn_fwd_sm90(
         mbarrier.invalidate(turn.index(b))
     _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES)
     if SCORE_MOD == 4:
-        for b in gl.static_range(CONSUMERS):
-            mbarrier.invalidate(bias_ready.index(b))
-            mbarrier.invalidate(bias_empty.index(b))
+        invalidate_bias_slots(bias_load, CONSUMERS)
 
 
 # attn_fwd's contract: its parameters (the spec checks the function against them) and constexprs.

@@ -40,9 +40,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
   const int64_t score_mod = variant.score_mod();
-  // ALiBi without a softcap first takes the variants built without the softcap's code (SCORE_MOD
-  // 3, where configs.json has them: the Hopper kernels at d128; its dK/dV has no dQ part).
-  const int64_t dkdv_score_mod = score_mod == 1 && variant.softcap <= 0 ? 3 : score_mod;
+  // Where configs.json has them (the Hopper kernels), ALiBi without a softcap first takes the
+  // variants built without the softcap's code (SCORE_MOD 3), and a bias that TMA can read, without
+  // a softcap, those that load it so and write d bias by TMA (SCORE_MOD 4: its float32 rows must
+  // then be whole 16 bytes too); neither dK/dV variant has a dQ part at d128.
+  const bool bias_by_tma = score_mod == 2 && variant.softcap <= 0 && bias_rows_for_tma(variant.bias) &&
+                           (!bias_grad || s.seqlen_k % 4 == 0);
+  const int64_t dkdv_score_mod = score_mod == 1 && variant.softcap <= 0 ? 3 : bias_by_tma ? 4 : score_mod;
   const auto dkdv = choose_first<attn_bwd_dkdv>(op, device, dtype, s.head_dim,
                                                 {{.SCORE_MOD = dkdv_score_mod, .ACCUMULATE_DQ = !deterministic},
                                                  {.SCORE_MOD = dkdv_score_mod, .ACCUMULATE_DQ = false},

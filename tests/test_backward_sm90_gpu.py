@@ -22,7 +22,8 @@ import torch
 import fattn
 from fattn.reference import attention_reference
 from helpers import (
-    check_gradients, check_variant_gradients, hopper_variants, kernels_launched, launch_args, make_qkv, requires_gpu,
+    check_gradients, check_loss_gradients, check_variant_gradients, hopper_variants, kernels_launched, launch_args,
+    loss_gradients, make_qkv, requires_gpu,
 )
 
 
@@ -264,13 +265,6 @@ def _out_gradients(q, k, v, w, dtype):
     return torch.autograd.grad((out.to(w.dtype) * w).sum(), (q, k, v))
 
 
-def _loss_grads(fn, tensors, w_out, w_lse):
-    leaves = [t.detach().requires_grad_() for t in tensors]
-    out, lse = fn(*leaves)
-    loss = (out.to(w_out.dtype) * w_out).sum() + (lse.to(w_lse.dtype) * w_lse).sum()
-    return [g.double() for g in torch.autograd.grad(loss, leaves)]
-
-
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("what", ["bias bhqk", "bias 1hqk causal", "mask", "bias+dropout+alibi", "bias window",
                                   "bias rows unaligned", "bias+softcap"])
@@ -318,7 +312,7 @@ def test_a_bias_runs_the_hopper_backward(head_dim, what):
         return fn
 
     hopper = "bias rows unaligned" not in what and "softcap" not in what
-    names = kernels_launched(lambda: _loss_grads(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
+    names = kernels_launched(lambda: loss_gradients(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
                                                  torch.zeros(b, h, sq, device="cuda")))
     assert ("attn_bwd_dkdv_sm90" in names) == hopper, names
     assert ("attn_bwd_dkdv" in names) != hopper, names
@@ -328,12 +322,4 @@ def test_a_bias_runs_the_hopper_backward(head_dim, what):
     w_lse = torch.randn(b, h, sq, device="cuda")
     if what == "mask":  # rows with lse -inf: keep their weight out of the loss
         w_lse = w_lse * torch.isfinite(reference(torch.float64)(q.double(), k.double(), v.double())[1])
-    got = _loss_grads(fattn_fn, tensors, w_out, w_lse)
-    ref = _loss_grads(reference(torch.float64), [t.double() if t.is_floating_point() else t for t in tensors],
-                      w_out.double(), w_lse.double())
-    low = _loss_grads(reference(dtype), tensors, w_out, w_lse)
-    check_gradients([g.to(dtype) for g in got[:3]], ref[:3], low[:3], dtype, what=f"{what} d{head_dim}")
-    if with_bias:
-        err, base = (got[3] - ref[3]).abs().max().item(), (low[3] - ref[3]).abs().max().item()
-        rounding = 0.5 * torch.finfo(dtype).eps * ref[3].abs().max().item()
-        assert err <= 2 * base + 1e-5 + rounding, f"{what} d{head_dim} dbias {err:.3e} > 2 x {base:.3e}"
+    check_loss_gradients(fattn_fn, reference, tensors, w_out, w_lse, dtype, what=f"{what} d{head_dim}")

@@ -8,7 +8,7 @@ import torch
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import check_accuracy, check_gradients, make_qkv, requires_gpu
+from helpers import check_accuracy, check_loss_gradients, make_qkv, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -56,13 +56,6 @@ def test_forward_matches_reference(shape, kind, variant, dtype):
             assert torch.all(out[:, row] == 0) and torch.all(lse[:, :, row] == float("-inf"))
 
 
-def _loss_grads(fn, tensors, w_out, w_lse):
-    leaves = [t.detach().requires_grad_() for t in tensors]
-    out, lse = fn(*leaves)
-    loss = (out.to(w_out.dtype) * w_out).sum() + (lse.to(w_lse.dtype) * w_lse).sum()
-    return [g.double() for g in torch.autograd.grad(loss, leaves)]
-
-
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda c: SHAPE_ID(*c))
@@ -89,14 +82,4 @@ def test_gradients_match_reference(shape, kind, variant):
     if kind == "mask":  # rows with lse -inf: keep their weight out of the loss
         lse_mask = torch.isfinite(attention_reference(q, k, v, None, causal, bias=bias, **options)[1])
         w_lse = w_lse * lse_mask
-    got = _loss_grads(fattn_fn, tensors, w_out, w_lse)
-    ref = _loss_grads(reference(torch.float64), [t.double() if t.is_floating_point() else t for t in tensors],
-                      w_out.double(), w_lse.double())
-    low = _loss_grads(reference(dtype), tensors, w_out, w_lse)
-    check_gradients([g.to(dtype) for g in got[:3]], ref[:3], low[:3], dtype, what=f"{shape} {kind} {variant}")
-    if with_bias:
-        d_got, d_ref, d_low = got[3], ref[3], low[3]
-        assert d_got.shape == bias.shape
-        err, base = (d_got - d_ref).abs().max().item(), (d_low - d_ref).abs().max().item()
-        rounding = 0.5 * torch.finfo(dtype).eps * d_ref.abs().max().item()
-        assert err <= 2 * base + 1e-5 + rounding, f"{shape} {kind} {variant} dbias {err:.3e} > 2 x {base:.3e}"
+    check_loss_gradients(fattn_fn, reference, tensors, w_out, w_lse, dtype, what=f"{shape} {kind} {variant}")

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .backward import ATTN_BWD_DQ
-from .bias_sm90 import add_bias, bias_slots, consumer_slot, invalidate_bias_slots, load_bias
+from .bias_sm90 import add_bias, invalidate_bias_slots, load_bias, score_mod4_args
 from .common import alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, sequence_span
 from .dropout_sm90 import dropout_keep
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
@@ -252,15 +252,11 @@ def attn_bwd_dq_sm90(
     row_base = batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
     # SCORE_MOD 4's bias (by TMA, bias_sm90.py) and dropout, as in forward_sm90.py: bias_load for
     # the producer, per consumer its slot and the dropout's arguments. Empty tuples otherwise.
-    bias_load = ()
-    mods_0 = ()
-    mods_1 = ()
+    bias_load, mods_0, mods_1 = (), (), ()
     if SCORE_MOD == 4:
-        seed = gl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
-        bias_load = bias_slots(Bias + batch * stride_biasb + head.to(gl.int64) * stride_biash, stride_biasq, use_bias,
-                               seqlen_q, seqlen_k, dtype, 2, HALF_M, BLOCK_N)
-        mods_0 = (consumer_slot(bias_load, 0), seed, batch, head, dropout_threshold, dropout_scale)
-        mods_1 = (consumer_slot(bias_load, 1), seed, batch, head, dropout_threshold, dropout_scale)
+        bias_load, mods_0, mods_1, _ = score_mod4_args(
+            Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+            batch, head, seqlen_q, seqlen_k, dtype, 2, HALF_M, BLOCK_N)
 
     gl.warp_specialize([
         (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,

@@ -47,7 +47,7 @@ from .common import (
     alibi_scores, key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_key_range,
 )
-from .bias_sm90 import add_bias, bias_slots, consumer_slot, invalidate_bias_slots, load_bias
+from .bias_sm90 import add_bias, invalidate_bias_slots, load_bias, score_mod4_args
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .spec import KernelSpec
@@ -614,18 +614,11 @@ def attn_fwd_sm90(
     # bias_sm90.py) and dropout: bias_load for the producer, per consumer its bias slot and the
     # dropout's arguments (mods). Empty tuples for the other SCORE_MODs (a None would not pass
     # into the partitions).
-    mods_0 = ()
-    mods_1 = ()
-    mods_2 = ()
-    bias_load = ()
+    bias_load, mods_0, mods_1, mods_2 = (), (), (), ()
     if SCORE_MOD == 4:
-        seed = gl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
-        bias_load = bias_slots(Bias + batch * stride_biasb + head.to(gl.int64) * stride_biash, stride_biasq, use_bias,
-                               seqlen_q, seqlen_k, dtype, CONSUMERS, WG_M, BLOCK_N)
-        mods_0 = (consumer_slot(bias_load, 0), seed, batch, head, dropout_threshold, dropout_scale)
-        mods_1 = (consumer_slot(bias_load, 1), seed, batch, head, dropout_threshold, dropout_scale)
-        if CONSUMERS == 3:
-            mods_2 = (consumer_slot(bias_load, 2), seed, batch, head, dropout_threshold, dropout_scale)
+        bias_load, mods_0, mods_1, mods_2 = score_mod4_args(
+            Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+            batch, head, seqlen_q, seqlen_k, dtype, CONSUMERS, WG_M, BLOCK_N)
 
     # The partitions, written out per consumer count (Triton 3.6 passes a tuple's constexpr
     # elements, such as WG_M, on as values, so the shared arguments cannot be one tuple):

@@ -12,8 +12,8 @@ ring: the ring schedule's designed point-to-point traffic.
 """
 
 from .common import (
-    HAS_GPU, check_accuracy, check_gradients, check_variant_gradients, device_dtype_params, expected_lse_dtype,
-    grads_of, make_qkv, poison_allocator, requires_gpu,
+    HAS_GPU, check_accuracy, check_gradients, check_loss_gradients, check_variant_gradients, device_dtype_params,
+    expected_lse_dtype, grads_of, loss_gradients, make_qkv, poison_allocator, requires_gpu,
 )
 from .compile import recompiles_forbidden
 from .interpreter import run_interpreted

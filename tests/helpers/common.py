@@ -95,6 +95,31 @@ def check_variant_gradients(q, k, v, what, causal=False, deterministic=False, **
     check_gradients(got, ref, low, q.dtype, what=what)
 
 
+def loss_gradients(fn, tensors, w_out, w_lse):
+    """float64 d(sum(out * w_out) + sum(lse * w_lse)) / d tensors for (out, lse) = fn(*tensors)."""
+    leaves = [t.detach().requires_grad_() for t in tensors]
+    out, lse = fn(*leaves)
+    loss = (out.to(w_out.dtype) * w_out).sum() + (lse.to(w_lse.dtype) * w_lse).sum()
+    return [g.double() for g in torch.autograd.grad(loss, leaves)]
+
+
+def check_loss_gradients(fn, reference, tensors, w_out, w_lse, dtype, what=""):
+    """fattn's gradients of sum(out * w_out) + sum(lse * w_lse) against float64's by
+    check_gradients' rule: fn(*tensors) -> (out, lse) is fattn's, reference(dtype) the reference
+    computed in a dtype. tensors: q, k, v and optionally a bias, whose gradient takes the same
+    rule."""
+    got = loss_gradients(fn, tensors, w_out, w_lse)
+    ref = loss_gradients(reference(torch.float64), [t.double() if t.is_floating_point() else t for t in tensors],
+                         w_out.double(), w_lse.double())
+    low = loss_gradients(reference(dtype), tensors, w_out, w_lse)
+    check_gradients([g.to(dtype) for g in got[:3]], ref[:3], low[:3], dtype, what=what)
+    if len(tensors) > 3:
+        assert got[3].shape == tensors[3].shape
+        err, base = (got[3] - ref[3]).abs().max().item(), (low[3] - ref[3]).abs().max().item()
+        rounding = 0.5 * torch.finfo(dtype).eps * ref[3].abs().max().item()
+        assert err <= 2 * base + 1e-5 + rounding, f"{what} dbias {err:.3e} > 2 x {base:.3e} + 1e-5 + {rounding:.3e}"
+
+
 def check_gradients(got, ref, low, dtype, what=""):
     """The 2x rule for gradients: max |got - ref64| <= 2 * max |low - ref64| + 1e-5, plus half
     an ulp of `dtype` at the gradient's largest value. `low` is torch's own gradient in `dtype`.

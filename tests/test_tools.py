@@ -26,7 +26,7 @@ def test_quick_run_times_every_case(script, tmp_path):
         # The score_mod study prices every variant over plain attention, in both passes.
         mods = {(r["pass"], r["mod"]) for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"}
         variants = {"plain", "softcap", "alibi", "softcap+alibi", "sinks", "dropout0.1", "window32", "segments4",
-                    "gqa2", "bias"}
+                    "gqa2", "bias", "bias+dropout0.1"}
         assert mods == {(p, m) for p in ("forward", "backward") for m in variants}, mods
         assert all("vs_plain" in r for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"
                    and r["mod"] != "plain")

@@ -14,7 +14,9 @@ accumulator's descriptor, packed sequences, padded head dims; deterministic=True
 and stays bitwise reproducible. At d128 without score modifications dQ comes from the Hopper dQ
 kernel (triton_src/backward_dq_sm90.py, attn_bwd_dq's sm_90 implementation) either way, and with a
 softcap or ALiBi under deterministic=True, so the d72 to d128 cases here check its TMA path too
-(query rows past the end, GQA, windows, padded head dims, row strides, empty packed sequences)."""
+(query rows past the end, GQA, windows, padded head dims, row strides, empty packed sequences).
+A bias that TMA can read runs both kernels' SCORE_MOD 4 (d bias and dropout too), checked here
+with its gradients."""
 
 import pytest
 import torch

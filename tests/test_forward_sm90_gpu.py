@@ -1,6 +1,7 @@
 """The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
-sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets: SCORE_MOD 0 to 3, at 64
-SCORE_MOD 0 for long queries only; 96 and 192 its alone, the head dim in two pieces) on a Hopper GPU
+sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets: SCORE_MOD 0, 1, 3 and 4 (a
+bias read by TMA), at 64 SCORE_MOD 0 for long queries only; 96 and 192 its alone, the head dim in
+two pieces) on a Hopper GPU
 (skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
 only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level

@@ -213,6 +213,7 @@ def compare(name, got, want_out, want_lse, want_grads):
            "lse_err": (got[1].double()[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0}
     for label, g, w in zip(("out", "dq", "dk", "dv"), (got[0], *got[2:]), (want_out, *want_grads)):
         row[f"{label}_err"] = (g.double() - w).abs().max().item()  # NaN if any element was left unwritten
+        row[f"{label}_scale"] = w.abs().max().item() if w.numel() else 0.0
     return row
 
 

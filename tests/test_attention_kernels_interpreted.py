@@ -52,9 +52,12 @@ def test_every_case_ran(interpreted):
 def test_kernels_match_cpu_ops(interpreted, case):
     seed, rows = interpreted
     r = rows[case]
-    # fp32 kernels against the float64 definition: rounding only (NaN fails: an unwritten element).
+    # fp32 kernels against the float64 definition: rounding only (NaN fails: an unwritten element),
+    # which grows with the values' size: 2e-5 of the largest, or absolute below 1 (a gradient
+    # summed over many rows reaches several units, and a fixed 2e-5 failed one seed in many).
     for name in ("out", "dq", "dk", "dv"):
-        assert r[f"{name}_err"] < 2e-5, f"seed {seed} {case}: {name} error {r[f'{name}_err']}"
+        bound = 2e-5 * max(1.0, r[f"{name}_scale"])
+        assert r[f"{name}_err"] < bound, f"seed {seed} {case}: {name} error {r[f'{name}_err']} (bound {bound:.2e})"
     assert r["lse_pattern"], f"seed {seed} {case}: the -inf rows of lse differ"
     assert r["lse_err"] < 2e-5, f"seed {seed} {case}: lse error {r['lse_err']}"
     if "dbias_err" in r:  # the bias's gradient (dS) as the dK/dV kernel writes it

@@ -1,9 +1,9 @@
 """A bias read by TMA, for the Hopper (Gluon) kernels whose consumer warpgroups own query rows
 (the forward and the dQ kernel; SCORE_MOD 4, whose arguments score_mod4_args gathers): the
 producer loads each visited key tile's bias rows of each consumer, [WG_M, BLOCK_N], into that
-consumer's one slot, and the consumer adds them to its scores and releases the slot. TMA zero-fills past the sequence's ends, as
-common.bias_log2's masked loads do; the op sends a bias TMA cannot read (broadcast over the
-queries, rows not a multiple of 16 bytes) to SCORE_MOD 2.
+consumer's one slot, and the consumer adds them to its scores and releases the slot. TMA
+zero-fills past the sequence's ends, as common.bias_log2's masked loads do; the op sends a bias
+TMA cannot read (broadcast over the queries, rows not a multiple of 16 bytes) to SCORE_MOD 2.
 """
 
 from triton.experimental import gluon

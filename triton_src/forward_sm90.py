@@ -28,8 +28,8 @@ edges and the end of the keys. Supported: SCORE_MOD 0, 1 (softcap, ALiBi), 3 (AL
 bias rows into shared memory with K and V; dropout_sm90.py draws the dropout mask), windows and
 causal, sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span);
 configs.json keeps SCORE_MOD 2 (any bias layout, dropout without a bias) and the 32 bucket on
-attn_fwd, and at d64 all but the long dense calls without score modifications (TILE_LOOP). The op guarantees what TMA needs: 16-byte aligned
-bases and row strides, head_dim a multiple of 8.
+attn_fwd, and at d64 all but the long dense calls without score modifications (TILE_LOOP). The
+op guarantees what TMA needs: 16-byte aligned bases and row strides, head_dim a multiple of 8.
 
 Head-dim buckets that are not a power of two (96, 192; configs.json builds them for this kernel
 alone) run the head dim in two pieces, 64 + 32 or 128 + 64 columns, each with its own TMA
@@ -415,22 +415,22 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
-                O_IN_Q_BUFFER, 1, D1)
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES,
+                SCORE_MOD, O_IN_Q_BUFFER, 1, D1)
         elif use_segments != 0:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
-                O_IN_Q_BUFFER, 2, D1)
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES,
+                SCORE_MOD, O_IN_Q_BUFFER, 2, D1)
         else:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES, SCORE_MOD,
-                O_IN_Q_BUFFER, 0, D1)
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES,
+                SCORE_MOD, O_IN_Q_BUFFER, 0, D1)
     elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(WG), count=1)
 

@@ -39,7 +39,7 @@ struct AttentionVariant {
   // and ALiBi, 2 when a bias or dropout is given too (their code costs registers even unused,
   // so the variants without them leave it out). For ALiBi without a softcap the forward and
   // backward ask for 3 first (forward_cuda.cpp, backward_cuda.cpp), where the build has it, and
-  // the forward for 4 with a bias that TMA can read.
+  // for 4 with a bias that TMA can read (bias_rows_for_tma; the backward without a softcap).
   int64_t score_mod() const {
     if (bias.has_value() || dropout.active()) return 2;
     return softcap > 0 || alibi_slopes.has_value() ? 1 : 0;

@@ -21,7 +21,7 @@ struct KernelBias {
 };
 KernelBias kernel_bias(const std::optional<Tensor>& bias, const Tensor& placeholder);
 
-// Whether there is a bias and TMA can read its rows (the kernels' SCORE_MOD 4, attn_fwd_sm90's):
+// Whether there is a bias and TMA can read its rows (SCORE_MOD 4, the Hopper kernels'):
 // a 16-byte aligned base, a nonzero query stride and every stride a multiple of 16 bytes. A bias
 // broadcast over the queries (stride 0) or with rows of a length that is not a multiple of 8
 // elements is not: those run SCORE_MOD 2.

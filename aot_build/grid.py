@@ -155,15 +155,17 @@ def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
     return dict(tile)
 
 
-def _matches(kernel: str, kcfg: dict, what: str, entry: dict, arch: int, bucket: int, flags: dict) -> bool:
+def _matches(kernel: str, kcfg: dict, what: str, entry: dict, arch: int, bucket: int, flags: dict,
+             dtype: str | None = None) -> bool:
     """Whether a flag_overrides / exclude entry applies: its flags (a value, or a list of the
-    values that match), archs and buckets (each optional) all match the variant's."""
+    values that match), archs, buckets and dtypes (each optional) all match the variant's."""
     unknown = set(entry["flags"]) - set(kcfg["flags"])
     if unknown:
         raise GridError(f"configs.json: {kernel} {what} name unknown flags {sorted(unknown)}")
     return (all(flags[n] in v if isinstance(v, list) else flags[n] == v for n, v in entry["flags"].items())
             and arch in entry.get("archs", [arch])
-            and bucket in entry.get("buckets", [bucket]))
+            and bucket in entry.get("buckets", [bucket])
+            and dtype in entry.get("dtypes", [dtype]))
 
 
 def _flag_overrides(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> dict:
@@ -178,10 +180,12 @@ def _flag_overrides(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict
     return out
 
 
-def _excluded(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> bool:
-    """Whether configs.json's "exclude" (entries shaped like flag_overrides', without "set") leaves
-    the variant out of the grid; the op that would use it must fall back (csrc says how)."""
-    return any(_matches(kernel, kcfg, "exclude", entry, arch, bucket, flags) for entry in kcfg.get("exclude", []))
+def _excluded(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict, dtype: str) -> bool:
+    """Whether configs.json's "exclude" (entries shaped like flag_overrides', without "set", and
+    optionally "dtypes") leaves the variant out of the grid; the op that would use it must fall
+    back (csrc says how)."""
+    return any(_matches(kernel, kcfg, "exclude", entry, arch, bucket, flags, dtype)
+               for entry in kcfg.get("exclude", []))
 
 
 def _implementation(kernel: str, kcfg: dict, arch: int, bucket: int, flags: dict) -> dict | None:
@@ -206,7 +210,7 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
         for arch, dtype, bucket in itertools.product(archs, kcfg["dtypes"], buckets):
             for flag_values in itertools.product(*(kcfg["flags"][n] for n in flag_names)):
                 flags = dict(zip(flag_names, flag_values))
-                if _excluded(kernel, kcfg, arch, bucket, flags):
+                if _excluded(kernel, kcfg, arch, bucket, flags, dtype):
                     continue
                 impl = _implementation(kernel, kcfg, arch, bucket, flags)
                 if impl is None:

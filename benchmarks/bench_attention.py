@@ -3,6 +3,7 @@
     python benchmarks/bench_attention.py --pass forward --out benchmarks/results/forward_h100.json
     python benchmarks/bench_attention.py --pass backward --out benchmarks/results/backward_h100.json
     python benchmarks/bench_attention.py --device cpu --quick      # smoke run of every code path
+    python benchmarks/bench_attention.py --fp8 --no-flex --seqlens 8192 --head-dims 128   # the FP8 bar
 
 Every implementation runs on the same random bf16 data in its own preferred layout
 (fattn: [batch, seq, heads, dim]; SDPA/Flex: [batch, heads, seq, dim]) at hidden
@@ -12,6 +13,9 @@ fattn at least as fast; the form the speed bars take, checked by benchmarks/chec
 its inverse ratio_vs.
 The backward times only the gradient computation (autograd.grad of a kept graph)
 and counts 2.5x the forward's FLOPs, as flash-attn does.
+--fp8 (forward) adds fattn on the same data quantized to e4m3 and e5m2 (fattn.quantize_fp8, one
+descale per sequence and head), rows "fattn-fp8-e4m3" / "fattn-fp8-e5m2", whose ratio also holds
+"fattn": bf16 fattn's ms / FP8 fattn's ms (the FP8 speedup bar).
 """
 
 from __future__ import annotations
@@ -84,6 +88,18 @@ def make_impls(causal, use_flex, device):
     return impls
 
 
+def fp8_impls(q, k, v, causal):
+    """fattn on q, k, v quantized to each FP8 dtype (the quantization is not timed)."""
+    impls = {}
+    for tag, dtype in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+        (q8, qd), (k8, kd), (v8, vd) = (fattn.quantize_fp8(t, dtype, "head") for t in (q, k, v))
+
+        def run(*_, q8=q8, k8=k8, v8=v8, qd=qd, kd=kd, vd=vd):
+            return fattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+        impls[f"fattn-fp8-{tag}"] = run
+    return impls
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pass", dest="direction", choices=["forward", "backward"], default="forward")
@@ -96,7 +112,10 @@ def parse_args(argv):
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, few reps, no Flex: a smoke run")
+    parser.add_argument("--fp8", action="store_true", help="also time FP8 inputs (forward only)")
     args = parser.parse_args(argv)
+    if args.fp8 and args.direction != "forward":
+        parser.error("--fp8 times the forward only (FP8 attention has no backward)")
     if args.quick:
         args.seqlens, args.head_dims, args.tokens, args.hidden, args.reps = "64,128", "64", 256, 256, 3
         args.no_flex = True
@@ -117,7 +136,10 @@ def main(argv=None):
                 case = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "dtype": "bfloat16"}
                 q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=dtype) for _ in range(3))
                 qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-                for name, fn in impls.items():
+                runs = dict(impls)
+                if args.fp8:
+                    runs.update(fp8_impls(q, k, v, causal))
+                for name, fn in runs.items():
                     try:
                         call = timed_call(fn, args.direction, (q, k, v, qt, kt, vt))
                         ms, error = time_ms(call, reps=args.reps, device=args.device), None
@@ -127,6 +149,8 @@ def main(argv=None):
                         print(f"  {name} d{d} s{s} causal={causal} failed: {error[:160]}", flush=True)
                     results.add(case, name, ms, error, flops=flops(b, h, s, d, causal, args.direction))
                 results.compare(case, peers=[n for n in impls if n != "fattn"])
+                if args.fp8:
+                    results.compare(case, peers=list(impls), ours=[n for n in runs if n not in impls])
                 row = results.case_rows(case)[0]
                 print(f"d{d} s{s} causal={causal}: fattn {row['tflops'] or 0:.1f} TFLOP/s", flush=True)
                 results.write(args.out)  # after every case: a cut-off run keeps what it measured

@@ -25,9 +25,13 @@ using torch::stable::Tensor;
 #define FATTN_DROPOUT_ARGS double dropout_p, std::optional<Tensor> dropout_seed
 // `alibi_offset` shifts the query positions in ALiBi's distance (attention/attention_variant.h),
 // for callers that compute one sequence in pieces (ring attention); 0 otherwise.
+// float8 q, k, v come with optional float32 descales [batch, kv_heads] (attention/fp8_inputs.h);
+// out is then bfloat16.
+#define FATTN_DESCALE_ARGS std::optional<Tensor> q_descale, std::optional<Tensor> k_descale, \
+                           std::optional<Tensor> v_descale
 #define FATTN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, std::optional<double> softmax_scale, bool causal, \
                            bool deterministic, FATTN_VARIANT_ARGS, FATTN_SEGMENT_ARGS, std::optional<Tensor> sinks, \
-                           std::optional<Tensor> bias, FATTN_DROPOUT_ARGS, int64_t alibi_offset
+                           std::optional<Tensor> bias, FATTN_DROPOUT_ARGS, int64_t alibi_offset, FATTN_DESCALE_ARGS
 std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS);
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS);
 
@@ -51,7 +55,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS);
                           std::optional<Tensor> seqused_k
 #define FATTN_VARLEN_FORWARD_ARGS Tensor q, Tensor k, Tensor v, FATTN_VARLEN_ARGS, \
                                   std::optional<double> softmax_scale, bool causal, bool deterministic, \
-                                  FATTN_VARIANT_ARGS, std::optional<Tensor> sinks, FATTN_DROPOUT_ARGS
+                                  FATTN_VARIANT_ARGS, std::optional<Tensor> sinks, FATTN_DROPOUT_ARGS, \
+                                  FATTN_DESCALE_ARGS
 #define FATTN_VARLEN_BACKWARD_ARGS Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, \
                                    std::optional<Tensor> dlse, FATTN_VARLEN_ARGS, \
                                    std::optional<double> softmax_scale, bool causal, bool deterministic, \

@@ -12,8 +12,8 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
         "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
         "Tensor? alibi_slopes=None, Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None, "
-        "Tensor? bias=None, float dropout_p=0.0, Tensor? dropout_seed=None, int alibi_offset=0) "
-        "-> (Tensor out, Tensor lse)");
+        "Tensor? bias=None, float dropout_p=0.0, Tensor? dropout_seed=None, int alibi_offset=0, "
+        "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor out, Tensor lse)");
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "
         "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, "
@@ -22,8 +22,8 @@ STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? seqused_k=None, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
-        "Tensor? alibi_slopes=None, Tensor? sinks=None, float dropout_p=0.0, Tensor? dropout_seed=None) "
-        "-> (Tensor out, Tensor lse)");
+        "Tensor? alibi_slopes=None, Tensor? sinks=None, float dropout_p=0.0, Tensor? dropout_seed=None, "
+        "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor out, Tensor lse)");
   m.def("varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? seqused_k, "
         "float? softmax_scale, bool causal, bool deterministic, int window_left=-1, int window_right=-1, "

@@ -28,11 +28,13 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
         for arch, bucket, *flags in itertools.product([75, 80, 86, 90], kcfg.get("head_dim_buckets", [0]),
                                                       *kcfg["flags"].values()):
             flags = dict(zip(kcfg["flags"], flags))
-            left_out = any(arch in e.get("archs", [arch]) and bucket in e.get("buckets", [bucket])
-                           and all(flags[f] in (want if isinstance(want, list) else [want])
-                                   for f, want in e["flags"].items())
-                           for e in kcfg.get("exclude", []))
-            per_kernel += 0 if left_out else len(kcfg["dtypes"])
+            for dtype in kcfg["dtypes"]:
+                left_out = any(arch in e.get("archs", [arch]) and bucket in e.get("buckets", [bucket])
+                               and dtype in e.get("dtypes", [dtype])
+                               and all(flags[f] in (want if isinstance(want, list) else [want])
+                                       for f, want in e["flags"].items())
+                               for e in kcfg.get("exclude", []))
+                per_kernel += 0 if left_out else 1
         assert sum(v.kernel == name for v in variants) == per_kernel, name
         expected += per_kernel
     assert len(variants) == expected
@@ -42,7 +44,7 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     # chooser falls back to it: common/kernel_choice.h); the small ones both.
     large = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq", "attn_decode_split"}
     assert {v.constant_dict["PAD_D"] for v in variants if v.kernel in large} == {True}
-    bucketed = [v for v in variants if v.kernel not in large and v.kernel != "segment_spans"]
+    bucketed = [v for v in variants if v.kernel not in large and v.kernel not in ("segment_spans", "fp8_transpose_v")]
     assert {v.constant_dict["PAD_D"] for v in bucketed} == {False, True}
     # segment_spans reads int32 ids alone: no head dim, one variant per arch.
     spans = [v for v in variants if v.kernel == "segment_spans"]
@@ -51,7 +53,9 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     assert {v.arch for v in variants} == {75, 80, 86, 90}  # sm_89 runs sm_86's cubins
     assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq",
                                             "segment_spans", "attn_merge", "attn_decode_split", "attn_decode_merge",
-                                            "kv_append", "rotate_queries"}
+                                            "kv_append", "rotate_queries", "fp8_transpose_v"}
+    # FP8's V^T kernel: once per arch with FP8 tensor cores (sm_90 in the default grid).
+    assert [v.arch for v in variants if v.kernel == "fp8_transpose_v"] == [90]
     assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
 
 
@@ -160,8 +164,8 @@ def test_every_arch_and_bucket_has_a_config():
         for arch in config["archs"]:
             for bucket in grid.selected_buckets(kcfg, env={}):
                 if (name, arch, bucket) not in built:
-                    assert (name, bucket) in {("attn_fwd", 96), ("attn_fwd", 192), ("attn_bwd_dkdv", 96)}, \
-                        (name, arch, bucket)
+                    assert (name, bucket) in {("attn_fwd", 96), ("attn_fwd", 192), ("attn_bwd_dkdv", 96)} or (
+                        name == "fp8_transpose_v" and arch < 89), (name, arch, bucket)
                     continue
                 tile = grid._tile_config(name, kcfg, arch, bucket)
                 assert tile["num_warps"] in (1, 2, 4, 8) and tile["num_stages"] >= 1
@@ -292,11 +296,13 @@ def test_tile_loop_variants_are_exactly_the_looping_kernels():
         assert v.constant_dict["TILE_LOOP"] == kernel_spec(v.implementation or v.kernel).loops_over_tiles, v.label
     # The op's choice by length (csrc/attention/query_tile_programs.h) has two variants at d64 and
     # d128 on sm_90 without score modifications; the other buckets and score modifications have one.
-    both = {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in variants
-            if v.arch == 90 and v.constant_dict["TILE_LOOP"]} & {
-        (v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in variants
-        if v.arch == 90 and not v.constant_dict["TILE_LOOP"]}
-    assert both == {(d, 0, dtype) for d in (64, 128) for dtype in ("fp16", "bf16")}
+    def on_sm90(loop):
+        return {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["FP8"], v.dtype)
+                for v in variants if v.arch == 90 and v.constant_dict["TILE_LOOP"] == loop}
+    # FP8 inputs have both at d64 and d128 (and d128 with a softcap: the looping kernel's FP8
+    # variants cover SCORE_MOD 1 where attn_fwd's do).
+    assert on_sm90(True) & on_sm90(False) == {(d, 0, 0, dtype) for d in (64, 128) for dtype in ("fp16", "bf16")} | {
+        (d, mod, fp8, "bf16") for d in (64, 128) for mod in (0, 1) for fp8 in (1, 2) if d > 64 or mod == 0}
 
 
 @pytest.mark.parametrize("packing", ["none", "fatbinary"])
@@ -354,7 +360,14 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # and bucket 64 with SCORE_MOD 0, TILE_LOOP, with its own tiles; every other attn_fwd variant
     # is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
-    variants = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
+    every = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
+    # FP8 inputs: the Hopper kernel at d64 and d128 too (SCORE_MOD 0 and 1 where the 16-bit
+    # inputs have them), e4m3 and e5m2, the variant's dtype being the bf16 output.
+    fp8_hopper = {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["FP8"], v.dtype)
+                  for v in every if v.implementation and v.constant_dict["FP8"]}
+    assert fp8_hopper == {(d, mod, fp8, "bf16") for d in (64, 128) for mod in (0, 1) for fp8 in (1, 2)
+                          if d > 64 or mod == 0}
+    variants = [v for v in every if not v.constant_dict["FP8"]]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["TILE_LOOP"], v.dtype)
             for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1, 3, 4)
@@ -589,7 +602,7 @@ def test_the_hopper_forward_reads_a_bias_by_tma_and_draws_dropout_once_per_eight
     # score would be 8 times as many.
     variants = {v.constant_dict["SCORE_MOD"]: v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90",
                                                                            "FATTN_HEAD_DIMS": "128"})
-                if v.kernel == "attn_fwd" and v.implementation and v.dtype == "bf16"}
+                if v.kernel == "attn_fwd" and v.implementation and v.dtype == "bf16" and not v.constant_dict["FP8"]}
     bias, plain = (compile_variant(variants[m], shared_limit=232448, cache_dir=tmp_path) for m in (4, 1))
     assert bias.meta["name"] == "attn_fwd_sm90" and bias.meta["shared"] <= 232448
     assert bias.ptx.count("ld.global") == plain.ptx.count("ld.global") + 1

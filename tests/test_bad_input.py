@@ -97,7 +97,8 @@ def test_fake_applies_the_cuda_rules():
         assert out.device == q.device and lse.dtype == torch.float32
         with pytest.raises(RuntimeError, match=r"k is on cpu but q is on cuda:0"):
             FORWARD(q, torch.randn(1, 8, 2, 64, dtype=torch.float16), v, None, False, False)
-        with pytest.raises(RuntimeError, match=r"q has dtype float32; expected float16 or bfloat16$"):
+        with pytest.raises(RuntimeError, match=r"q has dtype float32; expected float16 or bfloat16 "
+                                               r"\(or float8_e4m3fn/float8_e5m2\)$"):
             FORWARD(q.float(), k.float(), v.float(), None, False, False)
 
 

@@ -24,7 +24,8 @@ def test_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_func) == FLASH_ATTN_PARAMS
     assert _positional(fattn.flash_attn_qkvpacked_func) == ["qkv"] + FLASH_ATTN_PARAMS[3:]
     assert _positional(fattn.flash_attn_kvpacked_func) == ["q", "kv"] + FLASH_ATTN_PARAMS[3:]
-    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids", "sinks", "bias"]
+    assert _keyword_only(fattn.flash_attn_func) == ["return_lse", "q_segment_ids", "kv_segment_ids", "sinks", "bias",
+                                                    "q_descale", "k_descale", "v_descale"]
 
 
 def _keyword_only(fn):
@@ -38,7 +39,8 @@ def test_varlen_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_varlen_qkvpacked_func) == ["qkv", "cu_seqlens", "max_seqlen"] + \
         FLASH_ATTN_PARAMS[3:]
     assert _positional(fattn.flash_attn_varlen_kvpacked_func) == ["q", "kv"] + varlen + FLASH_ATTN_PARAMS[3:]
-    assert _keyword_only(fattn.flash_attn_varlen_func) == ["seqused_k", "return_lse", "sinks"]
+    assert _keyword_only(fattn.flash_attn_varlen_func) == ["seqused_k", "return_lse", "sinks", "q_descale",
+                                                           "k_descale", "v_descale"]
 
 
 def test_a_call_ported_from_flash_attn_means_the_same():

@@ -152,5 +152,6 @@ def test_bad_input_cuda_rules():
     q, k, v = make_qkv(1, 8, 8, 2, 2, 64, torch.float16, "cuda")
     with pytest.raises(RuntimeError, match=r"k is on cpu but q is on cuda:0"):
         fattn.flash_attn_func(q, k.cpu(), v)
-    with pytest.raises(RuntimeError, match=r"q has dtype float32; expected float16 or bfloat16$"):
+    with pytest.raises(RuntimeError, match=r"q has dtype float32; expected float16 or bfloat16 "
+                                           r"\(or float8_e4m3fn/float8_e5m2\)$"):
         fattn.flash_attn_func(q.float(), k.float(), v.float())

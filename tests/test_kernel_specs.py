@@ -48,13 +48,15 @@ def test_launcher_args_follow_each_spec_in_order(header):
 
 
 def test_table_flag_keys_match_the_launchers_packing(header):
-    # attn_fwd's flags_key packs SCORE_MOD in byte 0, TILE_LOOP in byte 1 and the derived PAD_D
-    # after them.
+    # attn_fwd's flags_key packs SCORE_MOD in byte 0, TILE_LOOP in byte 1, FP8 in byte 2 and the
+    # derived PAD_D after them.
     cfg = grid.load_config()["kernels"]["attn_fwd"]
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 1, "TILE_LOOP": 0, "PAD_D": 0}) == 1
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 1, "PAD_D": 0}) == 256
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 0, "PAD_D": 1}) == 65536
-    assert "(uint64_t(f.SCORE_MOD.value) << 0) | (uint64_t(f.TILE_LOOP.value) << 8) | (uint64_t(pad_d) << 16)" in header
+    assert launchers.flags_key(cfg, {"SCORE_MOD": 1, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 0}) == 1
+    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 1, "FP8": 0, "PAD_D": 0}) == 256
+    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 0, "FP8": 2, "PAD_D": 0}) == 2 << 16
+    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 1}) == 1 << 24
+    assert ("(uint64_t(f.SCORE_MOD.value) << 0) | (uint64_t(f.TILE_LOOP.value) << 8) | (uint64_t(f.FP8.value) << 16) "
+            "| (uint64_t(pad_d) << 24)") in header
 
 
 MERGE_CALL = """
@@ -100,8 +102,8 @@ uint64_t key() { return fattn::kernels::attn_fwd::flags_key(%s, false); }
 """
 
 
-@pytest.mark.parametrize("flags, ok", [("{.SCORE_MOD = 1, .TILE_LOOP = false}", True), ("{.SCORE_MOD = 1}", False),
-                                       ("{}", False)])
+@pytest.mark.parametrize("flags, ok", [("{.SCORE_MOD = 1, .TILE_LOOP = false, .FP8 = 0}", True),
+                                       ("{.SCORE_MOD = 1, .TILE_LOOP = false}", False), ("{}", False)])
 def test_flags_cannot_be_left_out(tmp_path, header, flags, ok):
     run = _compile_against(tmp_path, header, FLAGS_CALL % flags)
     assert (run.returncode == 0) == ok, run.stderr

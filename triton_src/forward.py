@@ -34,6 +34,7 @@ from .common import (
     modified_scores, segment_ids, segment_span, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
     visible_key_range,
 )
+from .fp8 import descale_at, fp8_pointer, fp8_probabilities, fp8_v_row_stride
 from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view
 
 
@@ -44,7 +45,7 @@ def _attend_key_tiles(
     start_m, offs_m, offs_n, offs_d,
     lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
     qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-    seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold,
+    seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
     SCORE_MOD: tl.constexpr,
 ):
@@ -58,6 +59,11 @@ def _attend_key_tiles(
     tile in what reaches V (the row sums keep them: dropout acts after the softmax) and adds a
     bias, which makes every tile masked (mask_every_tile): loaded in the unmasked loop, the bias
     tile made ptxas serialize the wgmma pipeline.
+
+    FP8 K and V (the kernel's FP8 flag) take the probabilities to V in e4m3, times p_scale
+    (fp8_probabilities); the row sums keep them in fp32. FP8 V^T is zero past each sequence's
+    end up to a whole tile (fp8_transpose_v), so its loads mask the head dim alone: a mask along
+    its contiguous keys would load it byte by byte.
     """
     d_in_range = offs_d < head_dim
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_N, MASKED)
@@ -65,7 +71,12 @@ def _attend_key_tiles(
         start_n = tile_at(tile, full_lo, full_hi, MASKED)
         cols = start_n + offs_n
         k_ptrs = k_tile_ptrs + tl.cast(start_n, tl.int64) * stride_ks
-        v_ptrs = v_tile_ptrs + tl.cast(start_n, tl.int64) * stride_vs
+        if v_tile_ptrs.dtype.element_ty.is_fp8():
+            # V^T's keys are contiguous (stride_vs is 1), and tiles start at multiples of BLOCK_N
+            # (visible_key_range; FP8 takes no segment ids): say so, or its loads go byte by byte.
+            v_ptrs = v_tile_ptrs + tl.multiple_of(tl.cast(start_n, tl.int64), 16)
+        else:
+            v_ptrs = v_tile_ptrs + tl.cast(start_n, tl.int64) * stride_vs
         if MASKED:
             k_mask = (cols[None, :] < seqlen_k) & d_in_range[:, None]
             v_mask = (cols[:, None] < seqlen_k) & d_in_range[None, :]
@@ -93,13 +104,16 @@ def _attend_key_tiles(
                 keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
                 p = tl.where(keep, p, 0.0)
 
-        if MASKED:
+        if MASKED and not v_tile_ptrs.dtype.element_ty.is_fp8():
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)
         elif PAD_D:
             v = tl.load(v_ptrs, mask=d_in_range[None, :], other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        if v.dtype.is_fp8():
+            acc = tl.dot(fp8_probabilities(p, p_scale), v, acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_i
 
 
@@ -117,8 +131,10 @@ def attn_fwd(
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+    QDescale, KDescale, VDescale, stride_qdescaleb, stride_qdescaleh, stride_kdescaleb, stride_kdescaleh,
+    stride_vdescaleb, stride_vdescaleh, q_descale_group, p_scale, stride_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr, TILE_LOOP: tl.constexpr,
+    SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr, TILE_LOOP: tl.constexpr, FP8: tl.constexpr,
 ):
     """Grid: (cdiv(seqlen_q, BLOCK_M), heads, batch): one program per query tile. TILE_LOOP
     (programs that loop over query tiles, for a shorter first axis) is the Hopper
@@ -149,9 +165,21 @@ def attn_fwd(
     1 / keep probability. SCORE_MOD 4 is SCORE_MOD 2 for a bias whose rows TMA can read: a nonzero
     stride_biasq and every stride a multiple of 16 bytes from a 16-byte aligned Bias (the op asks
     for it first where the build has it): the Hopper implementation's alone.
+    FP8 1 or 2: Q, K and V hold float8 (e4m3fn, e5m2; triton_src/fp8.py) values that stand for
+    themselves times QDescale[batch, head // q_descale_group], KDescale[batch, kv_head] and
+    VDescale[batch, kv_head] (float32, any strides); both products run on FP8 tensor cores, the
+    probabilities scaled by p_scale for the second. Out is the variant's 16-bit dtype. V is then
+    fp8_transpose_v's V^T (triton_src/fp8.py: key j of sequence b, dim d at V + batch * stride_vb
+    + kv_head * stride_vh + d * stride_vd + j; stride_vs unused): the second product's FP8 operand
+    must be K-major in shared memory, and built from rows of V that tile was written one byte at a
+    time, unpipelined (3.6x slower at d128 on the H100). With FP8 0 none of these are read.
     """
     tl.static_assert(not TILE_LOOP, "attn_fwd runs one query tile per program")
     tl.static_assert(SCORE_MOD <= 2, "attn_fwd has no ALiBi-only or TMA-bias variant (configs.json builds none)")
+    tl.static_assert(FP8 == 0 or SCORE_MOD <= 1, "FP8 inputs take no bias or dropout")
+    Q = fp8_pointer(Q, FP8)
+    K = fp8_pointer(K, FP8)
+    V = fp8_pointer(V, FP8)
     num_m_tiles = tl.num_programs(0)
     # With a right edge, later query tiles are heavier: run them first, so the short ones
     # fill the tail.
@@ -180,11 +208,22 @@ def attn_fwd(
 
     # K is read transposed ([BLOCK_D, BLOCK_N]) so that q @ k needs no permute.
     k_tile_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None]
-    v_tile_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_d[None, :]
+    if FP8:
+        # V^T from fp8_transpose_v: each sequence's keys start a row (no k_start), keys contiguous.
+        v_base = V + batch * stride_vb + kv_head.to(tl.int64) * stride_vh
+        v_tile_ptrs = v_base + offs_n[:, None] + offs_d[None, :].to(tl.int64) * stride_vd
+        v_key_stride = 1
+    else:
+        v_tile_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_d[None, :]
+        v_key_stride = stride_vs
 
     m_i, l_i = initial_softmax_state(Sinks, head, use_sinks, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    if FP8:
+        # The descales of q and k scale every score: fold them into the scale.
+        qk_scale *= (descale_at(QDescale, batch, head // q_descale_group, stride_qdescaleb, stride_qdescaleh)
+                     * descale_at(KDescale, batch, kv_head, stride_kdescaleb, stride_kdescaleh))
     diagonal = seqlen_k - seqlen_q
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
@@ -202,17 +241,21 @@ def attn_fwd(
     # The fully visible middle without a mask, then the window's two edges (and the end of
     # the keys) with it.
     acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, v_key_stride, pid_m * BLOCK_M, offs_m, offs_n,
         offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
         softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
-        stride_biasq, use_bias, seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
+        stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale, BLOCK_M, BLOCK_N, PAD_D, False,
+        SCORE_MOD)
     acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m, offs_n,
+        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, v_key_stride, pid_m * BLOCK_M, offs_m, offs_n,
         offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
         softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
-        stride_biasq, use_bias, seed, batch, head, dropout_threshold, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+        stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale, BLOCK_M, BLOCK_N, PAD_D, True,
+        SCORE_MOD)
     if SCORE_MOD == 2:
         acc *= dropout_scale  # 1 without dropout
+    if FP8:
+        acc *= descale_at(VDescale, batch, kv_head, stride_vdescaleb, stride_vdescaleh) / p_scale
 
     # Rows that saw no key (outside every window, or causal with seqlen_q > seqlen_k) give
     # out 0 and lse -inf.
@@ -241,4 +284,7 @@ ATTN_FWD = KernelSpec(attn_fwd, [
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
     view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
     seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale"),
+    slopes_tensor("QDescale"), slopes_tensor("KDescale"), slopes_tensor("VDescale"),
+    *strides("qdescale", "bh", aligned=False), *strides("kdescale", "bh", aligned=False),
+    *strides("vdescale", "bh", aligned=False), i32("q_descale_group"), f32("p_scale"), fp8_v_row_stride("stride_vd"),
 ])

@@ -50,6 +50,7 @@ from .common import (
 from .bias_sm90 import add_bias, invalidate_bias_slots, load_bias, score_mod4_args
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
+from .fp8 import descale_at, fp8_pointer
 from .spec import KernelSpec
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -92,12 +93,18 @@ def _program_tile(k, pid, num_programs, num_m_tiles, heavy_first):
 
 @gluon.jit
 def _key_value_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                    tile_layout: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+                    tile_layout: gl.constexpr, CONSUMERS: gl.constexpr = 2, V_TRANSPOSED: gl.constexpr = False,
+                    v_layout: gl.constexpr = None):
     """The K/V ring that the producer fills and the CONSUMERS consumer warpgroups drain: (k_smem,
     v_smem, k_ready, v_ready, k_empty, v_empty), STAGES slots each, a slot's "empty" passed by one
-    arrival of each consumer. The backward's dQ kernel shares it (backward_dq_sm90.py)."""
+    arrival of each consumer. The backward's dQ kernel shares it (backward_dq_sm90.py).
+    V_TRANSPOSED: V's slots hold V^T tiles [BLOCK_D, BLOCK_N] in v_layout (FP8, whose second
+    product takes V K-major)."""
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
+    if V_TRANSPOSED:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_D, BLOCK_N], v_layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], tile_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -121,11 +128,13 @@ def _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES: gl.constexpr):
 
 @gluon.jit
 def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
-                   STAGES: gl.constexpr, k_desc1=None, v_desc1=None, k_smem1=None, v_smem1=None):
+                   STAGES: gl.constexpr, k_desc1=None, v_desc1=None, k_smem1=None, v_smem1=None,
+                   V_TRANSPOSED: gl.constexpr = False):
     """The producer's load of the `it`-th key tile it sends through the ring (keys from start_n):
     K, then V, each into its slot once every consumer has released the slot's last tile. A fresh
     mbarrier passes a wait on parity 1, so the first round does not wait. A head dim in two
-    pieces (k_desc1 given: attn_fwd_sm90's 96 and 192 buckets) loads both on the same barriers."""
+    pieces (k_desc1 given: attn_fwd_sm90's 96 and 192 buckets) loads both on the same barriers.
+    V_TRANSPOSED: v_desc is over V^T [head_dim, keys] (FP8)."""
     stage = it % STAGES
     free_phase = ((it // STAGES) & 1) ^ 1
     mbarrier.wait(k_empty.index(stage), free_phase)
@@ -141,7 +150,10 @@ def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_
         tma.async_copy_global_to_shared(v_desc1, [start_n, 0], v_ready.index(stage), v_smem1.index(stage))
     else:
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+    if V_TRANSPOSED:
+        tma.async_copy_global_to_shared(v_desc, [0, start_n], v_ready.index(stage), v_smem.index(stage))
+    else:
+        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
 
 
 @gluon.jit
@@ -149,7 +161,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
           q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1,
           pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
           use_segments, span_base, bias_load, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          STAGES: gl.constexpr, D1: gl.constexpr):
+          STAGES: gl.constexpr, D1: gl.constexpr, V_TRANSPOSED: gl.constexpr):
     """The producer warp: for each of the program's query tiles, each consumer's 64 rows of the
     Q tile (once that consumer has released the previous one: q_empty), then each visited tile's
     K and V into the ring, a slot refilled once every consumer has released it (k_empty /
@@ -186,7 +198,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
                                STAGES, k_desc1, v_desc1, k_smem1, v_smem1)
             else:
                 _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, start_n,
-                               STAGES)
+                               STAGES, V_TRANSPOSED=V_TRANSPOSED)
             if len(bias_load) > 0:
                 load_bias(bias_load, it, start_m, start_n, BLOCK_M // WG_M, WG_M)
             it += 1
@@ -243,6 +255,29 @@ def _softmax(s, m_i, l_i, scale):
 
 
 @gluon.jit
+def _p_operand(p, dtype: gl.constexpr, p_scale, p_layout: gl.constexpr):
+    """P as the second product's A operand: in the inputs' 16-bit dtype, or for FP8 inputs times
+    p_scale in e4m3 (forward.py's fp8_probabilities: the FP8 product takes e4m3 with V's e4m3
+    or e5m2) with its keys in fp8.py's KEY_ORDER.
+
+    Why the order: an accumulator thread holds keys 2t, 2t + 1 of each 8 (t = lane % 4), an
+    8-bit A operand's keys 4t to 4t + 3 of each 16, so P in key order would be shuffled between
+    threads every tile. Relabelled (within each 32 keys, the bits of 8-key block and of t swap
+    places) the registers already are the operand: the convert moves nothing (assert_trivial),
+    and fp8_transpose_v stores V^T's keys in the same order, so the product's sum is unchanged
+    (FlashAttention-3's FP8 forward does the same; fp8.key_order_source)."""
+    if dtype.is_fp8():
+        rows: gl.constexpr = p.shape[0]
+        keys: gl.constexpr = p.shape[1]
+        operand = gl.reshape((p * p_scale).to(gl.float8e4nv), [rows, keys // 32, 2, 2, 4, 2])
+        operand = gl.reshape(gl.permute(operand, (0, 1, 2, 4, 3, 5)), [rows, keys])
+        operand = gl.convert_layout(operand, p_layout, assert_trivial=True)
+    else:
+        operand = gl.convert_layout(p.to(dtype), p_layout)
+    return operand
+
+
+@gluon.jit
 def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
     """What of the tile's probabilities reaches V: with SCORE_MOD 4 and dropout, 0 where the
     forward's mask (dropout_sm90.dropout_keep, common.dropout_keep's draws) drops a key; the
@@ -260,7 +295,7 @@ def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
 def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
               turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
               window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-              softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0,
+              softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale,
               WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr,
               D1: gl.constexpr):
@@ -270,11 +305,15 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     in flight across the loop's back edge, which keeps ptxas from serializing them (an S(j+1)
     carried across it did). With D1 > 0 the head dim comes in two pieces (BLOCK_D, then D1
     columns): S sums both pieces' products, and O is two accumulators (acc, acc1). SCORE_MOD 4
-    adds the bias (mods; row0 is the warpgroup's first row) and drops keys from P(j) V(j)."""
+    adds the bias (mods; row0 is the warpgroup's first row) and drops keys from P(j) V(j).
+    FP8 inputs: P goes to V in e4m3 times p_scale (_p_operand), and V's slots hold V^T tiles,
+    which the product reads K-major through a permuted view."""
     dtype: gl.constexpr = q_tile.dtype
+    FP8: gl.constexpr = dtype.is_fp8()
+    MMA_K: gl.constexpr = 32 if FP8 else 16
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                       instr_shape=[16, BLOCK_D, MMA_K])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D1 if D1 > 0 else BLOCK_D, 16])
@@ -291,7 +330,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
                      qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods, it,
                      SCORE_MOD, SEGMENTS)
     p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
-    p_op = gl.convert_layout(_dropped(p, mods, row0, start_n, SCORE_MOD).to(dtype), p_layout)
+    p_op = _p_operand(_dropped(p, mods, row0, start_n, SCORE_MOD), dtype, p_scale, p_layout)
 
     for j in range(1, n_tiles):
         # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
@@ -305,7 +344,10 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
         acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
         prev = (it + j - 1) % STAGES
         mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        if FP8:
+            acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         if D1 > 0:
             acc1 = acc1 * gl.convert_layout(alpha, orow_layout1)[:, None]
             acc1 = warpgroup_mma(gl.convert_layout(p_op, p_layout1), v_smem1.index(prev), acc1, is_async=True)
@@ -332,14 +374,17 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
         else:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(prev), count=1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        p_op = _p_operand(p, dtype, p_scale, p_layout)
 
     if not O_IN_Q_BUFFER:  # Q's last product is done: the producer may load the next tile's
         mbarrier.arrive(q_empty.index(WG), count=1)
     last = (it + n_tiles - 1) % STAGES
     acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
     mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    if FP8:
+        acc = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
+    else:
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     if D1 > 0:
         acc1 = acc1 * gl.convert_layout(alpha, orow_layout1)[:, None]
         acc1 = warpgroup_mma(gl.convert_layout(p_op, p_layout1), v_smem1.index(last), acc1, is_async=True)
@@ -355,7 +400,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
 def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                  lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
                  seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                 q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods,
+                 q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods, p_scale, out_scale,
                  WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr,
                  D1: gl.constexpr):
@@ -364,12 +409,17 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
     other warpgroups do; returns them updated. The turns run on across query tiles too: the
     last warpgroup's single opening arrival (in _attend) keeps the first one a turn ahead,
-    whatever each tile's length. mods: SCORE_MOD 4's bias and dropout (attn_fwd_sm90 says what)."""
+    whatever each tile's length. mods: SCORE_MOD 4's bias and dropout (attn_fwd_sm90 says what).
+    FP8 inputs: p_scale scales P for its e4m3 product, and out_scale (V's descale / p_scale)
+    multiplies the output, which is stored in Out's 16-bit dtype (o_smem's)."""
     dtype: gl.constexpr = q_smem.dtype
+    FP8: gl.constexpr = dtype.is_fp8()
+    MMA_K: gl.constexpr = 32 if FP8 else 16
+    gl.static_assert(not (FP8 and O_IN_Q_BUFFER), "FP8 inputs stage Out in a buffer of its own dtype")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, MMA_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_D, 16])
+                                                       instr_shape=[16, BLOCK_D, MMA_K])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -415,21 +465,24 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D,
+                STAGES,
                 SCORE_MOD, O_IN_Q_BUFFER, 1, D1)
         elif use_segments != 0:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D,
+                STAGES,
                 SCORE_MOD, O_IN_Q_BUFFER, 2, D1)
         else:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, WG, CONSUMERS, BLOCK_N, BLOCK_D, STAGES,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D,
+                STAGES,
                 SCORE_MOD, O_IN_Q_BUFFER, 0, D1)
     elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(WG), count=1)
@@ -447,6 +500,8 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
         out = out * mods[5]
         if D1 > 0:
             out1 = out1 * mods[5]
+    if FP8:
+        out = out * out_scale
 
     # Out through shared memory and TMA, which clips rows past the sequence and columns past
     # head_dim: o_smem (the previous tile's store finished reading it first), or with
@@ -461,9 +516,9 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
             staging = o_smem.index(WG)
             staging1 = o_smem1.index(WG)
             tma.store_wait(0)
-        staging.store(out.to(dtype))
+        staging.store(out.to(staging.dtype))
         if D1 > 0:
-            staging1.store(out1.to(dtype))
+            staging1.store(out1.to(staging1.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)
         if D1 > 0:
@@ -481,7 +536,7 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
             pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right,
             qk_scale, softcap_log2, alibi_log2, alibi_offset, q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods,
-            WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            p_scale, out_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr,
             BLOCK_D: gl.constexpr, STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr,
             D1: gl.constexpr):
     """One consumer warpgroup through the program's query tiles (_program_tile's order)."""
@@ -495,8 +550,8 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
             q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
             lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base, start_m, k, it, turn_phase,
             seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-            q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods, WG, BLOCK_M, WG_M, BLOCK_N, BLOCK_D, STAGES,
-            SCORE_MOD, O_IN_Q_BUFFER, D1)
+            q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods, p_scale, out_scale, WG, BLOCK_M, WG_M, BLOCK_N,
+            BLOCK_D, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)
     tma.store_wait(0)
 
 
@@ -514,8 +569,10 @@ def attn_fwd_sm90(
     QSegmentIds, KvSegmentIds, stride_qsegb, stride_kvsegb, use_segments, SegmentSpans, stride_spanb,
     qk_scale, softcap_log2, Sinks, use_sinks,
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
+    QDescale, KDescale, VDescale, stride_qdescaleb, stride_qdescaleh, stride_kdescaleb, stride_kdescaleh,
+    stride_vdescaleb, stride_vdescaleh, q_descale_group, p_scale, stride_vd,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr,
+    SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr, FP8: gl.constexpr,
 ):
     """attn_fwd's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by TMA,
     dropout). Launched with 4 warps (the first consumer warpgroup); warp_specialize adds the
@@ -540,7 +597,13 @@ def attn_fwd_sm90(
     D0: gl.constexpr = BLOCK_D if (BLOCK_D & (BLOCK_D - 1)) == 0 else BLOCK_D * 2 // 3
     D1: gl.constexpr = BLOCK_D - D0
     gl.static_assert((D1 == 0) | (D1 * 2 == D0), "a head-dim bucket is a power of two or 1.5 times one")
+    gl.static_assert((FP8 == 0) | ((D1 == 0) & (BLOCK_D <= 128)), "FP8 inputs: the 64 and 128 buckets")
+    # FP8 inputs (forward.py's FP8): Q, K and V reinterpreted, V given as V^T (fp8.py).
+    Q = fp8_pointer(Q, FP8)
+    K = fp8_pointer(K, FP8)
+    V = fp8_pointer(V, FP8)
     dtype: gl.constexpr = Q.dtype.element_ty
+    out_dtype: gl.constexpr = Out.dtype.element_ty
     gl.static_assert((CONSUMERS == 2) | (CONSUMERS == 3), "two or three consumer warpgroups of 64 query rows")
 
     num_m_tiles = gl.cdiv(seqlen_q, BLOCK_M)  # the dense (or longest) length, before sequence_span
@@ -554,24 +617,38 @@ def attn_fwd_sm90(
     q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
     k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
 
-    swizzle: gl.constexpr = 128 if D0 * 2 >= 128 else D0 * 2
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+    BITS: gl.constexpr = dtype.primitive_bitwidth
+    swizzle: gl.constexpr = 128 if D0 * BITS // 8 >= 128 else D0 * BITS // 8
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=BITS, rank=2)
+    out_swizzle: gl.constexpr = 128 if D0 * 2 >= 128 else D0 * 2
+    out_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=out_swizzle, element_bitwidth=16, rank=2)
     q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
     k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
-    v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
     o_base = Out + batch * stride_ob + q_start.to(gl.int64) * stride_os + head.to(gl.int64) * stride_oh
     q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [WG_M, D0], tile_layout)
     k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, D0], tile_layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, D0], tile_layout)
-    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, D0], tile_layout)
+    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, D0], out_layout)
+    if FP8:
+        # V^T (fp8.py): head_dim rows of the sequence's keys, from a row's start, in KEY_ORDER within
+        # each 32, zeros up to the row's end (stride_vd keys, whole tiles): its extent is the row,
+        # as zero-filling past seqlen_k would drop keys that the order moved past it.
+        v_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 128 else BLOCK_N,
+                                                      element_bitwidth=8, rank=2)
+        v_base = V + batch * stride_vb + kv_head.to(gl.int64) * stride_vh
+        v_desc = tma.make_tensor_descriptor(v_base, [head_dim, stride_vd.to(gl.int32)], [stride_vd, 1], [D0, BLOCK_N],
+                                            v_layout)
+    else:
+        v_layout: gl.constexpr = tile_layout
+        v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
+        v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, D0], tile_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)
     if O_IN_Q_BUFFER:
         o_smem = q_smem
     else:
-        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)
+        o_smem = gl.allocate_shared_memory(out_dtype, [CONSUMERS, WG_M, D0], out_layout)
     k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _key_value_ring(dtype, STAGES, BLOCK_N, D0, tile_layout,
-                                                                         CONSUMERS)
+                                                                         CONSUMERS, FP8 != 0, v_layout)
     # The second piece: columns D0 and up (head_dim - D0 of them; TMA zero-fills the rest of D1
     # and clips the stores). Without one, its arguments repeat the first piece's, unused.
     q_desc1, k_desc1, v_desc1, o_desc1 = q_desc, k_desc, v_desc, o_desc
@@ -606,6 +683,12 @@ def attn_fwd_sm90(
     sink_log2 = qk_scale * 0.0 + float("-inf")
     if use_sinks != 0:
         sink_log2 = gl.load(Sinks + head) * LOG2E
+    # FP8: q's and k's descales fold into the scores' scale, V's (over P's scale) into the output's.
+    out_scale = qk_scale * 0.0 + 1.0
+    if FP8:
+        qk_scale = qk_scale * (descale_at(QDescale, batch, head // q_descale_group, stride_qdescaleb, stride_qdescaleh)
+                               * descale_at(KDescale, batch, kv_head, stride_kdescaleb, stride_kdescaleh))
+        out_scale = descale_at(VDescale, batch, kv_head, stride_vdescaleb, stride_vdescaleh) / p_scale
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     span_base = SegmentSpans + batch * stride_spanb
@@ -630,18 +713,18 @@ def attn_fwd_sm90(
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_0,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_0, p_scale, out_scale,
                        0, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_1, p_scale, out_scale,
                        1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
                      n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
-                     bias_load, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
+                     bias_load, BLOCK_M, WG_M, BLOCK_N, STAGES, D1, FP8 != 0)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
@@ -649,24 +732,24 @@ def attn_fwd_sm90(
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_0,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_0, p_scale, out_scale,
                        0, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_1,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_1, p_scale, out_scale,
                        1, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_attend, (q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, lse_base, sink_log2, q_seg_base, kv_seg_base, use_segments, span_base,
                        pid, num_programs, num_m_tiles, n_rounds, heavy_first, seqlen_q, seqlen_k, window_left,
                        window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset,
-                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_2,
+                       q_smem1, k_smem1, v_smem1, o_smem1, o_desc1, mods_2, p_scale, out_scale,
                        2, BLOCK_M, WG_M, BLOCK_N, D0, STAGES, SCORE_MOD, O_IN_Q_BUFFER, D1)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                      v_empty, q_desc1, k_desc1, v_desc1, q_smem1, k_smem1, v_smem1, pid, num_programs, num_m_tiles,
                      n_rounds, heavy_first, seqlen_q, seqlen_k, window_left, window_right, use_segments, span_base,
-                     bias_load, BLOCK_M, WG_M, BLOCK_N, STAGES, D1)),
+                     bias_load, BLOCK_M, WG_M, BLOCK_N, STAGES, D1, FP8 != 0)),
         ], [4, 4, 1], [160, 160, 24])
 
     for b in gl.static_range(CONSUMERS):

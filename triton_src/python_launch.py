@@ -178,8 +178,15 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
                 SCORE_MOD=variant.score_mod, TILE_LOOP=spec.loops_over_tiles, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
                 **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,
                 **variant_args, **variant.sink_args(q.device),
-                **variant.span_args(tiles.block_m, False, q.device))
+                **variant.span_args(tiles.block_m, False, q.device), **_without_fp8(lse))
     return out, lse
+
+
+def _without_fp8(placeholder) -> dict:
+    """attn_fwd's FP8 arguments for 16-bit inputs (FP8 0): never read."""
+    return dict(FP8=0, QDescale=placeholder, KDescale=placeholder, VDescale=placeholder, stride_qdescaleb=0,
+                stride_qdescaleh=0, stride_kdescaleb=0, stride_kdescaleh=0, stride_vdescaleb=0, stride_vdescaleh=0,
+                q_descale_group=1, p_scale=1.0, stride_vd=0)
 
 
 def backward_preprocess(out, dout, lse, dlse, tiles: Tiles, packing: Packing | None = None):

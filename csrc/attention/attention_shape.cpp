@@ -6,7 +6,8 @@ namespace {
 
 // q, k, v as [batch, seqlen, heads, head_dim] (rank 4) or packed [total, heads, head_dim]
 // (rank 3): everything but the lengths, which the caller reads for its layout.
-void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, const char* layout) {
+void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, const char* layout,
+               bool fp8_allowed) {
   const char* names[] = {"q", "k", "v"};
   const Tensor* tensors[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) check_rank(op, names[i], *tensors[i], rank, layout);
@@ -16,7 +17,7 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
            "; q, k and v must be on one device");
     }
   }
-  check_attention_dtype(op, "q", q);
+  check_attention_dtype(op, "q", q, fp8_allowed);
   for (int i = 1; i < 3; ++i) check_same_dtype(op, names[i], *tensors[i], "q", q);
   const int64_t seq = rank - 3;  // the sequence dim: 1 dense, 0 packed
   if (rank == 4) {
@@ -48,8 +49,8 @@ void check_offsets(const char* op, const char* name, const Tensor& t, int64_t le
 }  // namespace
 
 AttentionShape check_attention_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                      std::optional<double> softmax_scale) {
-  check_qkv(op, q, k, v, 4, "[batch, seqlen, heads, head_dim]");
+                                      std::optional<double> softmax_scale, bool fp8_allowed) {
+  check_qkv(op, q, k, v, 4, "[batch, seqlen, heads, head_dim]", fp8_allowed);
   check_softmax_scale(op, softmax_scale);
   return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
 }
@@ -57,8 +58,8 @@ AttentionShape check_attention_inputs(const char* op, const Tensor& q, const Ten
 AttentionShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                    int64_t max_seqlen_k, const std::optional<Tensor>& seqused_k,
-                                   std::optional<double> softmax_scale) {
-  check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]");
+                                   std::optional<double> softmax_scale, bool fp8_allowed) {
+  check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]", fp8_allowed);
   if (cu_seqlens_q.dim() != 1 || cu_seqlens_q.size(0) < 1) {
     fail(op, "cu_seqlens_q has shape ", shape_of(cu_seqlens_q), "; expected [batch + 1] offsets, batch >= 0");
   }

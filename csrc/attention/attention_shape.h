@@ -15,9 +15,10 @@ struct AttentionShape {
 };
 
 // Rank, device, dtype, shapes, head dim and strides of q, k, v and the optional softmax
-// scale; throws naming the argument and the expectation.
+// scale; throws naming the argument and the expectation. fp8_allowed: the forwards, which also
+// take float8 q, k, v (attention/fp8_inputs.h).
 AttentionShape check_attention_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                      std::optional<double> softmax_scale);
+                                      std::optional<double> softmax_scale, bool fp8_allowed = false);
 
 // The same for packed (varlen) inputs: q [total_q, heads, head_dim], k/v [total_k, kv_heads,
 // head_dim], cu_seqlens_q/k int32 [batch + 1], seqused_k int32 [batch]. The shape's batch is
@@ -25,7 +26,7 @@ AttentionShape check_attention_inputs(const char* op, const Tensor& q, const Ten
 AttentionShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                    int64_t max_seqlen_k, const std::optional<Tensor>& seqused_k,
-                                   std::optional<double> softmax_scale);
+                                   std::optional<double> softmax_scale, bool fp8_allowed = false);
 
 // The offsets' values (CPU only: on CUDA reading them would stall the stream): each
 // cu_seqlens non-decreasing from >= 0 to <= its packed rows, each sequence at most its

@@ -4,7 +4,8 @@
 // lse convention) and lets everything above the kernels run on machines without a GPU.
 // It computes in float64 with a two-pass softmax, one sequence at a time (sequence_spans.h
 // says where each one's rows are, dense or packed); dropout (dropout.h) drops probabilities
-// after the softmax, keeping the row's denominator.
+// after the softmax, keeping the row's denominator. float8 inputs (fp8_inputs.h) are their values
+// times the descales, and the probabilities reach V rounded as the kernel rounds them.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "attention/attention_variant.h"
+#include "attention/fp8_inputs.h"
 #include "attention/sequence_spans.h"
 #include "ops.h"
 
@@ -20,9 +22,12 @@ namespace {
 
 // out and lse are zero-filled float64 tensors shaped as the op returns them.
 // sinks: one logit per head joining every row's denominator (none when empty).
+// fp8: each probability reaches V as the FP8 kernel gives it, round_to_fp8(p * scale) / scale
+// in e4m3 for p = exp(score - row max) (the kernel's running max is the row's by the last
+// tile), over the unrounded row sum.
 void attend(const AttentionShape& s, const AttentionVariant& variant, const SequenceSpans& spans, double scale,
-            const std::vector<double>& sinks, const Tensor& qd, const Tensor& kd, const Tensor& vd, Tensor& out_d,
-            Tensor& lse_d) {
+            const std::vector<double>& sinks, const CpuDescales& descales, bool fp8, const Tensor& qd,
+            const Tensor& kd, const Tensor& vd, Tensor& out_d, Tensor& lse_d) {
   const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
   const CpuBias bias = cpu_bias(variant.bias);
@@ -41,6 +46,8 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();  // GQA: consecutive q heads share one kv head
       const ScoreMod& mod = mods[b * H + h];
+      const double score_scale = scale * descales.q[b * H + h] * descales.k[b * HK + hk];
+      const double v_scale = descales.v[b * HK + hk];
       for (int64_t i = 0; i < spans.q_len[b]; ++i) {
         const int64_t row = (spans.q_start[b] + i) * H + h;
         const double sink = sinks.empty() ? neg_inf : sinks[h];
@@ -51,7 +58,7 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
           const double* kj = K + ((spans.k_start[b] + j) * HK + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += Q[row * D + d] * kj[d];
-          scores[j] = mod.score(dot * scale, i, j, diagonal + variant.alibi_offset) + bias.at(b, h, i, j);
+          scores[j] = mod.score(dot * score_scale, i, j, diagonal + variant.alibi_offset) + bias.at(b, h, i, j);
           row_max = std::max(row_max, scores[j]);
         }
         double* lse = L + spans.lse_index(b, h, i);
@@ -67,7 +74,10 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
         for (int64_t j = 0; j < seqlen_k; ++j) {
           if (scores[j] == 0 || !dropout.keep(b, h, i, j)) continue;
           const double* vj = V + ((spans.k_start[b] + j) * HK + hk) * D;
-          const double p = scores[j] / sum * dropout.scale;
+          const double weight = fp8 ? round_to_fp8(scores[j] * kFp8ProbabilityScale, ScalarType::Float8_e4m3fn) /
+                                          kFp8ProbabilityScale
+                                    : scores[j];
+          const double p = weight / sum * dropout.scale * v_scale;
           for (int64_t d = 0; d < D; ++d) O[row * D + d] += p * vj[d];
         }
         *lse = row_max + std::log(sum);
@@ -78,14 +88,16 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
 
 std::tuple<Tensor, Tensor> forward_reference(const AttentionShape& s, const AttentionVariant& variant,
                                              const SequenceSpans& spans, std::optional<double> softmax_scale,
-                                             const std::optional<Tensor>& sinks, const Tensor& q, const Tensor& k,
-                                             const Tensor& v, std::vector<int64_t> lse_shape) {
+                                             const std::optional<Tensor>& sinks, const Fp8Inputs& fp8,
+                                             const Tensor& q, const Tensor& k, const Tensor& v,
+                                             std::vector<int64_t> lse_shape) {
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
   Tensor out_d = torch::stable::new_zeros(qd, sizes_of(q));
   Tensor lse_d = torch::stable::new_zeros(qd, lse_shape);
-  attend(s, variant, spans, resolve_softmax_scale(softmax_scale, s.head_dim), cpu_sinks(sinks), qd, kd, vd, out_d,
-         lse_d);
-  return {torch::stable::to(out_d, q.scalar_type()), torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
+  attend(s, variant, spans, resolve_softmax_scale(softmax_scale, s.head_dim), cpu_sinks(sinks), cpu_descales(fp8, s),
+         fp8.active, qd, kd, vd, out_d, lse_d);
+  return {torch::stable::to(out_d, forward_output_dtype(q.scalar_type())),
+          torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
 }
 
 }  // namespace
@@ -93,14 +105,15 @@ std::tuple<Tensor, Tensor> forward_reference(const AttentionShape& s, const Atte
 std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
   (void)deterministic;
   constexpr const char* op = "fattn.forward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale, /*fp8_allowed=*/true);
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
   add_alibi_offset(op, variant, s, alibi_offset);
   check_sinks(op, sinks, q, s.heads);
   add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
-  return forward_reference(s, variant, dense_spans(s), softmax_scale, sinks, q, k, v,
+  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
+  return forward_reference(s, variant, dense_spans(s), softmax_scale, sinks, fp8, q, k, v,
                            {s.batch, s.heads, s.seqlen_q});
 }
 
@@ -108,13 +121,14 @@ std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS) {
   (void)deterministic;
   constexpr const char* op = "fattn.varlen_forward";
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               seqused_k, softmax_scale);
+                                               seqused_k, softmax_scale, /*fp8_allowed=*/true);
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
   check_sinks(op, sinks, q, s.heads);
   add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
+  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
   const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
-  return forward_reference(s, variant, spans, softmax_scale, sinks, q, k, v, {s.heads, q.size(0)});
+  return forward_reference(s, variant, spans, softmax_scale, sinks, fp8, q, k, v, {s.heads, q.size(0)});
 }
 
 }  // namespace fattn

@@ -3,6 +3,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "attention/attention_variant.h"
+#include "attention/fp8_inputs.h"
 #include "attention/kernel_layout.h"
 #include "attention/query_tile_programs.h"
 #include "attention/segment_spans.h"
@@ -13,20 +14,53 @@ namespace fattn {
 namespace {
 
 using kernels::attn_fwd;
+using kernels::fp8_transpose_v;
+
+// V^T of an FP8 V, each sequence's keys from the start of a row of `columns` keys (zeros past
+// its end): what attn_fwd's FP8 variants read (triton_src/fp8.py says why). key_order 1: each
+// 32 keys in the order of the Hopper kernel's FP8 P (forward_sm90._p_operand).
+Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v, int64_t columns,
+                        const Packing& pack, int64_t key_order) {
+  Tensor vt = torch::stable::new_empty(v, {s.batch, s.kv_heads, s.head_dim, columns});
+  const auto transpose = choose<fp8_transpose_v>(op, v.get_device_index(), ScalarType::BFloat16, 0, {});
+  const runtime::Grid grid{dim(ceil_div(columns, transpose.constant(fp8_transpose_v::BLOCK_S))), dim(s.kv_heads),
+                           dim(s.batch)};
+  check_grid(op, grid, "key tiles", "kv heads", "batch");
+  if (vt.numel() == 0) return vt;
+  const RowStrides vs = row_strides(v);
+  kernels::launch_fp8_transpose_v(transpose, grid, {
+      .V = v.data_ptr(), .Vt = vt.data_ptr(), .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h,
+      .stride_tb = vt.stride(0), .stride_th = vt.stride(1), .stride_td = vt.stride(2),
+      .CuSeqlensK = pack.cu_seqlens_k, .use_cu_seqlens = pack.use_cu_seqlens, .seqlen_k = s.seqlen_k,
+      .head_dim = s.head_dim, .columns = columns, .key_order = key_order,
+  });
+  return vt;
+}
 
 // cu_seqlens_q/k and seqused_k: packed inputs (q [total_q, heads, head_dim]) when given.
 std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& s, const AttentionVariant& variant,
                                           std::optional<double> softmax_scale, Tensor q, Tensor k, Tensor v,
-                                          const std::optional<Tensor>& sinks,
+                                          const std::optional<Tensor>& sinks, const Fp8Inputs& fp8,
                                           const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
                                           const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
                                           const std::optional<Tensor>& seqused_k = std::nullopt) {
   const bool packed = cu_seqlens_q.has_value();
   // Where the build has both kernels of a bucket, the length picks one; elsewhere the one
   // built serves every length.
+  // A variant's dtype is its output's; float8 inputs are its FP8 flag (common/fp8.h).
+  const ScalarType out_dtype = forward_output_dtype(q.scalar_type());
+  const int64_t fp8_inputs = fp8_flag(q.scalar_type());
   const ArchChoice arch = choose_arch(op, attn_fwd::kId, attn_fwd::kName, q.get_device_index());
-  const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(q.scalar_type()),
-                                   s.head_dim);
+  if (fp8.active && arch.arch < 89) {
+    // An sm_89 GPU runs sm_86's cubins where the build has no sm_89 ones (the wheels' default).
+    const int device_arch = cuda::compute_capability(q.get_device_index());
+    if (device_arch >= 89 && !arch.from_ptx) {
+      fail(op, "float8 q, k and v need FP8 kernels for sm_89 or sm_90, and this GPU (sm_", device_arch,
+           ") runs this build's sm_", arch.arch, " ones; build with FATTN_CUDA_ARCHS including 89");
+    }
+    fail(op, "float8 q, k and v need FP8 tensor cores (sm_89 or sm_90); this GPU is sm_", arch.arch);
+  }
+  const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(out_dtype), s.head_dim);
   const bool tile_loop = prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
   // Where the build has them (the Hopper kernel's), ALiBi without a softcap first takes a variant
   // built without the softcap's code (SCORE_MOD 3) and a bias that TMA can read one that loads
@@ -35,11 +69,12 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const int64_t first_score_mod = score_mod == 1 && variant.softcap <= 0              ? 3
                                   : score_mod == 2 && bias_rows_for_tma(variant.bias) ? 4
                                                                                       : score_mod;
-  const auto fwd = choose_first<attn_fwd>(op, q.get_device_index(), q.scalar_type(), s.head_dim,
-                                          {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop},
-                                           {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop},
-                                           {.SCORE_MOD = score_mod, .TILE_LOOP = tile_loop},
-                                           {.SCORE_MOD = score_mod, .TILE_LOOP = !tile_loop}});
+  const auto fwd = choose_first<attn_fwd>(
+      op, q.get_device_index(), out_dtype, s.head_dim,
+      {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
+       {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs},
+       {.SCORE_MOD = score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
+       {.SCORE_MOD = score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs}});
   const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
   // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
   // short programs itself.
@@ -51,8 +86,8 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   check_grid(op, grid, "query tiles", "heads", "batch");
 
   // Packed outputs start zeroed: rows outside every sequence are never written.
-  Tensor out = packed ? torch::stable::new_zeros(q, sizes_of(q))
-                      : torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+  Tensor out = packed ? torch::stable::new_zeros(q, sizes_of(q), out_dtype)
+                      : torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim}, out_dtype);
   Tensor lse = packed ? torch::stable::new_zeros(q, {s.heads, q.size(0)}, ScalarType::Float)
                       : torch::stable::new_empty(q, {s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
   if (out.numel() == 0 || grid.x == 0 || grid.z == 0) return {out, lse};
@@ -68,12 +103,20 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   const KernelBias bias = kernel_bias(variant.bias, lse);
   const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
-  const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out);
+  const RowStrides qs = row_strides(q), ks = row_strides(k), os = row_strides(out);
   const LseStrides ls = lse_strides(lse);
+  const KernelDescales descales = kernel_descales(fp8, s, lse);
+  // FP8 V is read as V^T, one row of keys per (sequence, KV head, dim), padded to whole tiles.
+  const int64_t v_columns = fp8.active ? ceil_div(s.seqlen_k, fwd.constant(attn_fwd::BLOCK_N)) *
+                                             fwd.constant(attn_fwd::BLOCK_N) : 0;
+  // The Hopper kernel (the looping one) reads its keys in its P's order.
+  if (fp8.active) v = transposed_fp8_v(op, s, v, v_columns, pack, fwd.constant(attn_fwd::TILE_LOOP) ? 1 : 0);
+  const RowStrides vts = fp8.active ? RowStrides{v.stride(0), 0, v.stride(1)} : row_strides(v);
+  const int64_t stride_vd = fp8.active ? v.stride(2) : 0;
   kernels::launch_attn_fwd(fwd, grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),
       .stride_qb = qs.b, .stride_qs = qs.s, .stride_qh = qs.h, .stride_kb = ks.b, .stride_ks = ks.s,
-      .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_ob = os.b,
+      .stride_kh = ks.h, .stride_vb = vts.b, .stride_vs = vts.s, .stride_vh = vts.h, .stride_ob = os.b,
       .stride_os = os.s, .stride_oh = os.h, .stride_lseb = ls.b, .stride_lseh = ls.h,
       .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
       .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
@@ -88,6 +131,11 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .stride_biash = bias.stride_h, .stride_biasq = bias.stride_q, .use_bias = bias.use_bias,
       .DropoutSeed = kernel_dropout_seed(variant.dropout, variant.dropout_seed, lse),
       .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale,
+      .QDescale = descales.q, .KDescale = descales.k, .VDescale = descales.v,
+      .stride_qdescaleb = descales.stride_qb, .stride_qdescaleh = descales.stride_qh,
+      .stride_kdescaleb = descales.stride_kb, .stride_kdescaleh = descales.stride_kh,
+      .stride_vdescaleb = descales.stride_vb, .stride_vdescaleh = descales.stride_vh,
+      .q_descale_group = descales.q_group, .p_scale = kFp8ProbabilityScale, .stride_vd = stride_vd,
   });
   return {out, lse};
 }
@@ -97,14 +145,15 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
 std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
   (void)deterministic;  // a backward setting, saved by autograd
   constexpr const char* op = "fattn.forward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
+  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale, /*fp8_allowed=*/true);
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
                               q_segment_ids, kv_segment_ids);
   add_alibi_offset(op, variant, s, alibi_offset);
   check_sinks(op, sinks, q, s.heads);
   add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
-  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks);
+  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
+  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, fp8);
 }
 
 std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
@@ -112,12 +161,13 @@ std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
   constexpr const char* op = "fattn.varlen_forward";
   // The offsets' values are not checked here: reading them would stall the stream.
   const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               seqused_k, softmax_scale);
+                                               seqused_k, softmax_scale, /*fp8_allowed=*/true);
   AttentionVariant variant =
       check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
   check_sinks(op, sinks, q, s.heads);
   add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
-  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, seqused_k);
+  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
+  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, fp8, cu_seqlens_q, cu_seqlens_k, seqused_k);
 }
 
 }  // namespace fattn

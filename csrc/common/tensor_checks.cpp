@@ -1,5 +1,7 @@
 #include "common/tensor_checks.h"
 
+#include "common/fp8.h"
+
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -24,6 +26,8 @@ std::string dtype_name(ScalarType t) {
     case ScalarType::Char: return "int8";
     case ScalarType::Byte: return "uint8";
     case ScalarType::Bool: return "bool";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
     default: return torch::headeronly::toString(t);
   }
 }
@@ -63,15 +67,15 @@ void check_last_dim_contiguous(const char* op, const char* name, const Tensor& t
   }
 }
 
-void check_attention_dtype(const char* op, const char* name, const Tensor& t) {
+void check_attention_dtype(const char* op, const char* name, const Tensor& t, bool fp8_allowed) {
   const ScalarType s = t.scalar_type();
   // The CPU implementation is the semantic reference; it also takes fp32/fp64 so that
   // references and gradcheck can run in full precision.
-  const bool ok = s == ScalarType::Half || s == ScalarType::BFloat16 ||
+  const bool ok = s == ScalarType::Half || s == ScalarType::BFloat16 || (fp8_allowed && is_fp8(s)) ||
                   (t.is_cpu() && (s == ScalarType::Float || s == ScalarType::Double));
   if (!ok) {
     fail(op, name, " has dtype ", dtype_name(s), "; expected float16 or bfloat16",
-         t.is_cpu() ? " (or float32/float64 on CPU)" : "");
+         fp8_allowed ? " (or float8_e4m3fn/float8_e5m2)" : "", t.is_cpu() ? " (or float32/float64 on CPU)" : "");
   }
 }
 

@@ -29,8 +29,9 @@ void check_rank(const char* op, const char* name, const Tensor& t, int64_t rank,
 void check_same_device(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref);
 void check_same_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref);
 void check_last_dim_contiguous(const char* op, const char* name, const Tensor& t);
-// float16/bfloat16 anywhere; float32/float64 also on CPU (the reference implementations).
-void check_attention_dtype(const char* op, const char* name, const Tensor& t);
+// float16/bfloat16 anywhere, float8 (e4m3fn, e5m2) where fp8_allowed (the forwards); float32/float64
+// also on CPU (the reference implementations).
+void check_attention_dtype(const char* op, const char* name, const Tensor& t, bool fp8_allowed = false);
 // int32, `rank`-D, on ref's device (lengths, block tables).
 void check_index_tensor(const char* op, const char* name, const Tensor& t, int64_t rank, const Tensor& ref);
 void check_head_dim(const char* op, int64_t head_dim);

@@ -46,6 +46,10 @@ inline void keep_library_linked() {
 // softmax denominator, carrying no value (gpt-oss); a row that sees no key then has lse = sink.
 // bias ([batch or 1, heads or 1, seqlen_q or 1, seqlen_k] in q's dtype, keys contiguous) is
 // added to the scores after the softcap and ALiBi; -inf hides a key.
+// q, k and v may be float8_e4m3fn or float8_e5m2 (all three the same; sm_89 and sm_90, and the
+// CPU) standing for their values times q_descale, k_descale, v_descale (float32 [batch, kv_heads],
+// q_descale also [batch, heads]; absent means 1): out is then bfloat16, and neither bias nor
+// segment ids may be given.
 // Inference only: autograd for the operator is registered by the Python package, and dropout
 // (a training feature) is left off.
 inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k,
@@ -57,14 +61,18 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& q_segment_ids = std::nullopt,
                                                   const std::optional<at::Tensor>& kv_segment_ids = std::nullopt,
                                                   const std::optional<at::Tensor>& sinks = std::nullopt,
-                                                  const std::optional<at::Tensor>& bias = std::nullopt) {
+                                                  const std::optional<at::Tensor>& bias = std::nullopt,
+                                                  const std::optional<at::Tensor>& q_descale = std::nullopt,
+                                                  const std::optional<at::Tensor>& k_descale = std::nullopt,
+                                                  const std::optional<at::Tensor>& v_descale = std::nullopt) {
   detail::keep_library_linked();
   // Schema: forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None,
   //                 bool causal=False, bool deterministic=False, int window_left=-1,
   //                 int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None,
   //                 Tensor? q_segment_ids=None, Tensor? kv_segment_ids=None, Tensor? sinks=None,
   //                 Tensor? bias=None, float dropout_p=0.0, Tensor? dropout_seed=None,
-  //                 int alibi_offset=0) -> (Tensor out, Tensor lse)
+  //                 int alibi_offset=0, Tensor? q_descale=None, Tensor? k_descale=None,
+  //                 Tensor? v_descale=None) -> (Tensor out, Tensor lse)
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fattn::forward", "")
@@ -76,12 +84,15 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&,
                                                     const std::optional<at::Tensor>&, double,
-                                                    const std::optional<at::Tensor>&, int64_t)>();
+                                                    const std::optional<at::Tensor>&, int64_t,
+                                                    const std::optional<at::Tensor>&,
+                                                    const std::optional<at::Tensor>&,
+                                                    const std::optional<at::Tensor>&)>();
   // `deterministic` only matters to the backward, which C++ callers do not run; alibi_offset
   // serves callers that split one sequence into pieces (ring attention).
   return op.call(q, k, v, softmax_scale, causal, /*deterministic=*/false, window_left, window_right,
                  softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, /*dropout_p=*/0.0,
-                 /*dropout_seed=*/std::nullopt, /*alibi_offset=*/0);
+                 /*dropout_seed=*/std::nullopt, /*alibi_offset=*/0, q_descale, k_descale, v_descale);
 }
 
 // Attention over a KV cache (flash-attn's flash_attn_with_kvcache, in its argument order):

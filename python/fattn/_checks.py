@@ -71,15 +71,18 @@ def check_same_dtype(op: str, name: str, t: torch.Tensor, ref_name: str, ref: to
         fail(op, name, " has dtype ", dtype_name(t.dtype), " but ", ref_name, " has ", dtype_name(ref.dtype), hint)
 
 
-def check_attention_dtype(op: str, name: str, t: torch.Tensor) -> None:
-    """float16/bfloat16 anywhere; float32/float64 also on CPU, where the reference implementations run."""
+def check_attention_dtype(op: str, name: str, t: torch.Tensor, fp8_allowed: bool = False) -> None:
+    """float16/bfloat16 anywhere, float8 (e4m3fn, e5m2) where fp8_allowed (the forwards);
+    float32/float64 also on CPU, where the reference implementations run."""
     if t.dtype in (torch.float16, torch.bfloat16):
+        return
+    if fp8_allowed and t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return
     on_cpu = t.device.type == "cpu"
     if t.dtype in (torch.float32, torch.float64) and (on_cpu or t.device.type == "meta"):
         return
     fail(op, name, " has dtype ", dtype_name(t.dtype), "; expected float16 or bfloat16",
-         " (or float32/float64 on CPU)" if on_cpu else "")
+         " (or float8_e4m3fn/float8_e5m2)" if fp8_allowed else "", " (or float32/float64 on CPU)" if on_cpu else "")
 
 
 def check_last_dim_contiguous(op: str, name: str, t: torch.Tensor, hint: str = "") -> None:

@@ -15,6 +15,7 @@ from ._checks import (
     check_segment_ids, check_sinks, check_softcap, check_window, dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from . import _bias, _dropout, _head_dim
+from .fp8 import check_fp8_inputs, forward_output_dtype, refuse_gradients
 from ._library import load_library
 
 load_library()
@@ -44,6 +45,9 @@ def flash_attn_func(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, with flash-attn 2.8's parameters
     in flash-attn's order (fattn's own extras are keyword-only, after them).
@@ -100,11 +104,20 @@ def flash_attn_func(
            gradient reaching it is summed over its broadcast dims (the backward first writes
            it unreduced, float32 [batch, heads, seqlen_q, seqlen_k]). Every key tile goes
            through the masked path, as with dropout and segment ids.
+        q_descale, k_descale, v_descale: (keyword) with float8_e4m3fn or float8_e5m2 q, k and v
+           (all three the same FP8 dtype; on sm_89 and sm_90 GPUs, and on CPU): float32
+           [batch, kv_heads] (q_descale also [batch, heads]) that the inputs' values are
+           multiplied by, FlashAttention-3's convention (fattn.quantize_fp8 makes them); None
+           stands for 1. Both products run on FP8 tensor cores, the probabilities rounded to
+           e4m3 (times 256) for the second; out is bfloat16. Causal, windows, softcap, ALiBi,
+           sinks, GQA and head dims up to 256 compose; a bias, dropout and segment ids do not.
+           Inference only: FP8 inputs that require grad are refused.
 
     Returns:
-        out [batch, seqlen_q, heads, head_dim] in q's dtype; (out, lse) with return_lse;
-        (out, lse, None) with return_attn_probs.
+        out [batch, seqlen_q, heads, head_dim] in q's dtype (bfloat16 for FP8 inputs);
+        (out, lse) with return_lse; (out, lse, None) with return_attn_probs.
     """
+    refuse_gradients("flash_attn_func", q, k, v, sinks)
     dropout_p = _dropout.check_probability("flash_attn_func", dropout_p)
     window_left, window_right = window_pair("flash_attn_func", window_size)
     bias = _bias.prepare("flash_attn_func", bias, q, k)
@@ -114,7 +127,7 @@ def flash_attn_func(
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
                           alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p,
-                          _dropout.draw_seed(dropout_p, q.device))
+                          _dropout.draw_seed(dropout_p, q.device), 0, q_descale, k_descale, v_descale)
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -144,7 +157,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def _attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right. args: the op's
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-    alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p, dropout_seed)."""
+    alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p, dropout_seed, alibi_offset,
+    q_descale, k_descale, v_descale)."""
     q, k, v = args[:3]
     sinks, bias = args[12], args[13]
     if _is_compiling():
@@ -166,8 +180,9 @@ def _attention(*args):
 
 # fattn::forward's defaults after q, k, v: softmax_scale, causal, deterministic, window_left,
 # window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p,
-# dropout_seed, alibi_offset (csrc/register.cpp); tests/test_op_samples.py checks them.
-_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None, None, 0.0, None, 0]
+# dropout_seed, alibi_offset, q_descale, k_descale, v_descale (csrc/register.cpp);
+# tests/test_op_samples.py checks them.
+_OPTION_DEFAULTS = [None, False, False, -1, -1, 0.0, None, None, None, None, None, 0.0, None, 0, None, None, None]
 
 
 def sinks_gradient(sinks, dout, out, lse, dlse, rows=None):
@@ -191,7 +206,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]  # what the call left to the schema's defaults
     (softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes, q_seg, kv_seg, sinks,
-     bias, dropout_p, dropout_seed, alibi_offset) = options
+     bias, dropout_p, dropout_seed, alibi_offset, *_descales) = options
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, q_seg, kv_seg, sinks, bias, dropout_seed)
     # Not needs_input_grad: a call that left sinks or bias to their defaults has fewer inputs.
@@ -217,7 +232,7 @@ def _backward(ctx, dout, dlse):
     dbias = _bias.reduce_gradient(dbias, bias) if ctx.bias_need_grad else None
     # One gradient per input; a call that left the trailing options to their defaults has fewer
     # inputs, and autograd drops the trailing Nones.
-    return (dq, dk, dv) + (None,) * 9 + (dsinks, dbias, None, None, None)
+    return (dq, dk, dv) + (None,) * 9 + (dsinks, dbias, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
@@ -262,15 +277,15 @@ class AttentionShape(NamedTuple):
     head_dim: int
 
 
-def check_qkv(op: str, q, k, v, rank: int, layout: str) -> None:
+def check_qkv(op: str, q, k, v, rank: int, layout: str, fp8_allowed: bool = False) -> None:
     """q, k, v as [batch, seqlen, heads, head_dim] (rank 4) or packed [total, heads, head_dim]
-    (rank 3): the op's checks but the lengths, in the op's order."""
+    (rank 3): the op's checks but the lengths, in the op's order. fp8_allowed: the forwards."""
     names, tensors = ("q", "k", "v"), (q, k, v)
     for name, t in zip(names, tensors):
         check_rank(op, name, t, rank, layout)
     for name, t in zip(names[1:], tensors[1:]):
         check_same_device(op, name, t, "q", q, "; q, k and v must be on one device")
-    check_attention_dtype(op, "q", q)
+    check_attention_dtype(op, "q", q, fp8_allowed)
     for name, t in zip(names[1:], tensors[1:]):
         check_same_dtype(op, name, t, "q", q, "; q, k and v must share one dtype")
     seq = rank - 3
@@ -291,9 +306,9 @@ def check_qkv(op: str, q, k, v, rank: int, layout: str) -> None:
         check_last_dim_contiguous(op, name, t, "; call .contiguous() first")
 
 
-def check_attention_inputs(op: str, q, k, v, softmax_scale) -> AttentionShape:
+def check_attention_inputs(op: str, q, k, v, softmax_scale, fp8_allowed: bool = False) -> AttentionShape:
     """The op's checks of q, k, v and softmax_scale, in the op's order."""
-    check_qkv(op, q, k, v, 4, "[batch, seqlen, heads, head_dim]")
+    check_qkv(op, q, k, v, 4, "[batch, seqlen, heads, head_dim]", fp8_allowed)
     check_finite(op, "softmax_scale", softmax_scale)
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
 
@@ -332,16 +347,18 @@ def check_attention_variant(op: str, s: AttentionShape, q, window_left, window_r
 @torch.library.register_fake("fattn::forward")
 def _forward_fake(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
                   softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None, bias=None,
-                  dropout_p=0.0, dropout_seed=None, alibi_offset=0):
+                  dropout_p=0.0, dropout_seed=None, alibi_offset=0, q_descale=None, k_descale=None, v_descale=None):
     op = "fattn.forward"
-    s = check_attention_inputs(op, q, k, v, softmax_scale)
+    s = check_attention_inputs(op, q, k, v, softmax_scale, fp8_allowed=True)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes, q_segment_ids, kv_segment_ids)
     check_alibi_offset(op, alibi_offset, alibi_slopes, s.seqlen_q, s.seqlen_k)
     check_sinks(op, sinks, q, s.heads)
     check_bias(op, bias, q, s.batch, s.heads, s.seqlen_q, s.seqlen_k)
     check_dropout(op, dropout_p, dropout_seed, q)
+    check_fp8_inputs(op, s.batch, s.heads, s.kv_heads, q, bias, dropout_p, q_segment_ids, q_descale, k_descale,
+                     v_descale)
     # Both outputs are fresh and contiguous, as the op allocates them.
-    out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim))
+    out = q.new_empty((s.batch, s.seqlen_q, s.heads, s.head_dim), dtype=forward_output_dtype(q.dtype))
     lse = q.new_empty((s.batch, s.heads, s.seqlen_q), dtype=lse_dtype(q.dtype))
     return out, lse
 

@@ -7,13 +7,16 @@ The scale maps each group's largest magnitude onto the FP8 dtype's largest finit
 that no value saturates and the small ones keep as many bits as the group allows; a group of
 zeros gets descale 1. Written in torch operations, it runs on any device; its check that every
 value is finite reads the tensor, so under torch.compile the graph breaks there.
+
+Below it, the fakes' checks of the attention functions' FP8 arguments (q_descale, k_descale,
+v_descale beside float8 q, k, v), which mirror the ops'.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import dtype_name, fail, shape_of
+from ._checks import check_same_device, dtype_name, fail, shape_of
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 GRANULARITIES = ("tensor", "head")
@@ -58,3 +61,59 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     limit = torch.finfo(dtype).max
     x_fp8 = scaled.clamp(-limit, limit).to(dtype).contiguous()
     return x_fp8, descale
+
+
+# ---------------------------------------------------------------- FP8 attention inputs
+# The fakes' mirror of csrc/common/fp8.cpp and csrc/attention/fp8_inputs.cpp (same order, same
+# messages); the attention functions take q_descale, k_descale and v_descale beside float8 q, k, v.
+
+_DESCALES = ("q_descale", "k_descale", "v_descale")
+
+
+def forward_output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The forward's output dtype: bfloat16 for float8 inputs (FlashAttention-3's), q's otherwise."""
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
+
+
+def check_descale(op: str, name: str, t, batch: int, kv_heads: int, query_heads: int, q) -> None:
+    """An optional float32 descale [batch, kv_heads] (or [batch, heads] for q's, query_heads != 0)."""
+    if t is None:
+        return
+    check_same_device(op, name, t, "q", q)
+    if t.dtype != torch.float32:
+        fail(op, name, " has dtype ", dtype_name(t.dtype), "; expected float32")
+    heads_ok = t.dim() == 2 and (t.shape[1] == kv_heads or (query_heads != 0 and t.shape[1] == query_heads))
+    if t.dim() != 2 or t.shape[0] != batch or not heads_ok:
+        if query_heads != 0 and query_heads != kv_heads:
+            fail(op, name, " has shape ", shape_of(t), "; expected [batch, kv_heads] = [", batch, ", ", kv_heads,
+                 "] or [batch, heads] = [", batch, ", ", query_heads, "]")
+        fail(op, name, " has shape ", shape_of(t), "; expected [batch, kv_heads] = [", batch, ", ", kv_heads, "]")
+
+
+def check_fp8_inputs(op: str, batch: int, heads: int, kv_heads: int, q, bias, dropout_p: float, q_segment_ids,
+                     q_descale, k_descale, v_descale) -> None:
+    """Descales go with float8 q, k, v only; float8 inputs take no bias, dropout or segment ids."""
+    descales = (q_descale, k_descale, v_descale)
+    if q.dtype not in FP8_DTYPES:
+        for name, t in zip(_DESCALES, descales):
+            if t is not None:
+                fail(op, name, " is given but q has dtype ", dtype_name(q.dtype),
+                     "; descale factors go with float8_e4m3fn or float8_e5m2 q, k and v")
+        return
+    for i, (name, t) in enumerate(zip(_DESCALES, descales)):
+        check_descale(op, name, t, batch, kv_heads, heads if i == 0 else 0, q)
+    if bias is not None:
+        fail(op, "float8 q, k and v take no bias")
+    if dropout_p > 0:
+        fail(op, "float8 q, k and v take no dropout (dropout_p must be 0)")
+    if q_segment_ids is not None:
+        fail(op, "float8 q, k and v take no segment ids")
+
+
+def refuse_gradients(fn: str, q, *others) -> None:
+    """FP8 attention is inference only: with float8 q, an input that asks for gradients (q, k, v,
+    sinks) is refused before the forward runs, not at the backward."""
+    if (q.dtype in FP8_DTYPES and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (q, *others))):
+        fail(f"fattn.{fn}", "float8 q, k and v have no backward; call it under torch.no_grad() or "
+             "with tensors that do not require grad")

@@ -15,7 +15,7 @@ from ._checks import lse_dtype
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
                         softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, sinks=None,
-                        bias=None, dropout_p=0.0, dropout_seed=None, alibi_offset=0):
+                        bias=None, dropout_p=0.0, dropout_seed=None, alibi_offset=0, fp8_probabilities=False):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
 
     Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
@@ -28,6 +28,9 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     seqlen_k]; a boolean one is True = attend) is added after ALiBi.
     dropout_p > 0 drops probabilities with dropout_keep_mask(dropout_seed, ...) and rescales the
     kept ones by 1 / keep probability (lse is unaffected).
+    fp8_probabilities: the probabilities reach V as the FP8 forward gives them (its inputs already
+    dequantized by the caller): exp(s - row max) times FP8_PROBABILITY_SCALE, rounded to e4m3, divided
+    back, over the unrounded row sum.
     """
     out_dtype = q.dtype
     q, k, v = (t.to(dtype) for t in (q, k, v))
@@ -72,12 +75,25 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     else:
         lse = torch.logsumexp(safe, dim=-1).masked_fill(empty[..., 0], float("-inf"))
         probs = torch.exp(safe - torch.logsumexp(safe, dim=-1, keepdim=True)).masked_fill(empty, 0.0)
+    if fp8_probabilities:
+        # exp(s - m) with m the row max (the sink's logit included), rounded, over the row sum.
+        row_max = safe.amax(-1, keepdim=True)
+        if sinks is not None:
+            row_max = torch.maximum(row_max, sink_column)
+        weights = torch.exp(safe - row_max).masked_fill(empty, 0.0)
+        rounded = (weights * FP8_PROBABILITY_SCALE).to(torch.float8_e4m3fn).to(dtype) / FP8_PROBABILITY_SCALE
+        probs = rounded * torch.exp(row_max - lse[..., None]).masked_fill(empty, 0.0)
     if dropout_p > 0:
         keep, keep_probability = dropout_keep_mask(dropout_seed, batch, heads, seqlen_q, seqlen_k, dropout_p)
         probs = probs * keep.to(probs.device) / keep_probability
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     # lse follows fattn's contract: float32, float64 for float64 inputs.
     return out.to(out_dtype), lse.to(lse_dtype(out_dtype))
+
+
+# The FP8 forward's probability scale: kFp8ProbabilityScale in csrc/common/fp8.h, which the kernel
+# takes from the op (tests/test_fp8_forward_cpu.py checks the CPU op against this reference).
+FP8_PROBABILITY_SCALE = 256.0
 
 
 def rotary_reference(x, cos, sin, positions, interleaved, dtype=torch.float64):

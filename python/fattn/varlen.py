@@ -17,6 +17,7 @@ from ._checks import (
     check_dropout, check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of, window_pair,
 )
 from ._library import load_library
+from .fp8 import FP8_DTYPES, check_fp8_inputs, forward_output_dtype, refuse_gradients
 from .paged_varlen import paged_varlen_forward
 from .attention import (
     AttentionShape, check_attention_variant, check_backward_inputs, check_qkv, eager_autograd, sinks_gradient,
@@ -33,7 +34,7 @@ _is_compiling = torch.compiler.is_compiling
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           return_lse=False, sinks=None):
+                           return_lse=False, sinks=None, q_descale=None, k_descale=None, v_descale=None):
     """flash_attn_func over packed sequences, with flash-attn 2.8's parameters in its order.
 
     Args:
@@ -54,12 +55,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         seqused_k: (keyword) int32 [batch]: sequence b attends to its first seqused_k[b] keys.
         return_lse: (keyword) also return lse, float32 [heads, total_q].
         sinks: (keyword) float32 [heads], as in flash_attn_func.
+        q_descale, k_descale, v_descale: (keyword) with float8 q, k and v, as in flash_attn_func:
+           float32 [batch, kv_heads] (q_descale also [batch, heads]), batch = sequences; out is
+           bfloat16. Not with block_table.
 
     Rows outside every sequence (past cu[batch]) get out 0 and lse 0, and gradient 0.
     """
+    refuse_gradients("flash_attn_varlen_func", q, k, v, sinks)
     dropout_p = _dropout.check_probability("flash_attn_varlen_func", dropout_p)
     left, right = window_pair("flash_attn_varlen_func", window_size)
     if block_table is not None:
+        if q.dtype in FP8_DTYPES or any(t is not None for t in (q_descale, k_descale, v_descale)):
+            fail("fattn.flash_attn_varlen_func", "float8 q, k, v and their descales are not taken with block_table "
+                 "(paged keys); flash_attn_with_kvcache reads an FP8 cache")
         if dropout_p > 0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
             raise RuntimeError("fattn.flash_attn_varlen_func: with block_table (paged keys) attention is forward "
                                "only: dropout_p must be 0 and q, k, v must not require grad (or call under "
@@ -75,7 +83,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         q, k, v = _head_dim.pad((q, k, v), padding)
     out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                  softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes, sinks,
-                                 dropout_p, _dropout.draw_seed(dropout_p, q.device))
+                                 dropout_p, _dropout.draw_seed(dropout_p, q.device), q_descale, k_descale,
+                                 v_descale)
     if padding:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -120,14 +129,14 @@ def _varlen_attention(*args):
 # ---------------------------------------------------------------- autograd
 
 # fattn::varlen_forward's defaults after cu_seqlens_q/k and max_seqlen_q/k (csrc/register.cpp).
-_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None, None, 0.0, None]
+_OPTION_DEFAULTS = [None, None, False, False, -1, -1, 0.0, None, None, 0.0, None, None, None, None]
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
     options += _OPTION_DEFAULTS[len(options):]
     (seqused_k, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi, sinks, dropout_p,
-     dropout_seed) = options
+     dropout_seed, *_descales) = options
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi, sinks, dropout_seed)
     ctx.sinks_need_grad = sinks is not None and sinks.requires_grad  # see attention.py
@@ -150,7 +159,7 @@ def _backward(ctx, dout, dlse):
         index = torch.arange(q.shape[0], device=q.device)  # rows inside a sequence, read on the device
         rows = (index >= cu_q[0]) & (index < cu_q[-1])
         dsinks = sinks_gradient(sinks, dout, out, lse, dlse, rows)
-    return (dq, dk, dv) + (None,) * 12 + (dsinks, None, None)
+    return (dq, dk, dv) + (None,) * 12 + (dsinks, None, None, None, None, None)
 
 
 torch.library.register_autograd("fattn::varlen_forward", _backward, setup_context=_setup_context)
@@ -170,9 +179,9 @@ def _check_offsets(op, name, t, length, q):
 
 
 def check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                        softmax_scale) -> AttentionShape:
+                        softmax_scale, fp8_allowed=False) -> AttentionShape:
     """The op's checks of the packed inputs, in the op's order (csrc/attention/attention_shape.cpp)."""
-    check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
+    check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]", fp8_allowed)
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
         fail(op, "cu_seqlens_q has shape ", shape_of(cu_seqlens_q), "; expected [batch + 1] offsets, batch >= 0")
     batch = cu_seqlens_q.shape[0] - 1
@@ -190,14 +199,17 @@ def check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @torch.library.register_fake("fattn::varlen_forward")
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
                          softmax_scale=None, causal=False, deterministic=False, window_left=-1, window_right=-1,
-                         softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=None):
+                         softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=None, q_descale=None,
+                         k_descale=None, v_descale=None):
     op = "fattn.varlen_forward"
     s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                            softmax_scale)
+                            softmax_scale, fp8_allowed=True)
     check_attention_variant(op, s, q, window_left, window_right, softcap, alibi_slopes)
     check_sinks(op, sinks, q, s.heads)
     check_dropout(op, dropout_p, dropout_seed, q)
-    return q.new_empty(q.shape), q.new_empty((s.heads, q.shape[0]), dtype=lse_dtype(q.dtype))
+    check_fp8_inputs(op, s.batch, s.heads, s.kv_heads, q, None, dropout_p, None, q_descale, k_descale, v_descale)
+    return (q.new_empty(q.shape, dtype=forward_output_dtype(q.dtype)),
+            q.new_empty((s.heads, q.shape[0]), dtype=lse_dtype(q.dtype)))
 
 
 @torch.library.register_fake("fattn::varlen_backward")

@@ -64,9 +64,11 @@ def skip_without_ptx(arch, *kernels) -> None:
 
 def hopper_variants(function: str, constants: dict) -> list[dict]:
     """The build's bf16 sm_90 variants (fattn.build_info entries) of kernel function `function`
-    whose constants include `constants`."""
+    whose constants include `constants`: 16-bit inputs unless `constants` names an FP8 flag value."""
     import fattn
 
+    fp8 = constants.get("FP8", 0)
     return [e for e in fattn.build_info()["kernels"]
             if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"
+            and e["constants"].get("FP8", 0) == fp8
             and all(e["constants"].get(k) == v for k, v in constants.items())]

@@ -24,6 +24,8 @@ std::string dtype_name(ScalarType t) {
     case ScalarType::Char: return "int8";
     case ScalarType::Byte: return "uint8";
     case ScalarType::Bool: return "bool";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
     default: return torch::headeronly::toString(t);
   }
 }

@@ -82,8 +82,9 @@ def _fp8_cache(Cache, KV_FP8: tl.constexpr):
 def _wide_fp8_stride(stride):
     """An FP8 cache's stride as a visible multiple of 16 bytes, for the exact-dim code (PAD_D 0:
     head_dim is the power-of-two bucket, so a contiguous cache's strides are such multiples; the
-    op copies or refuses a cache that breaks it, decode_cuda.cpp): the K/V rows then load 16 bytes
-    at a time, where the spec's promise of 8 elements alone gives 8-byte loads of FP8 values."""
+    op copies or refuses a cache that breaks it, decode_cuda.cpp): the K rows then load 16 bytes at
+    a time, where the spec's promise of 8 elements alone gives 8-byte loads of FP8 values. (V's
+    stay 8: Triton lays its tile out for the conversion to q's dtype; NOTES.md D11.)"""
     return (stride // 16) * 16
 
 

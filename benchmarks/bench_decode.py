@@ -4,6 +4,8 @@
     python benchmarks/bench_decode.py --batch 1 --contexts 4k,64k --num-splits 0,1,4,16
     python benchmarks/bench_decode.py --dry-run            # the case list; no GPU needed
     python benchmarks/bench_decode.py --device cpu --quick # smoke run of every code path
+    python benchmarks/bench_decode.py --kv-dtype e4m3 --no-peers --batch 1 --contexts 128k
+    python benchmarks/bench_decode.py --kv-dtype e4m3 --no-peers --batch 8 --contexts 64k
     python benchmarks/plot_decode.py benchmarks/results/decode_h100.json
 
 One decode step: bf16, 32 query heads over 8 KV heads (GQA), d128, one query token, no
@@ -16,6 +18,12 @@ GB/s of K+V read (2 * batch * context * 8 * 128 * 2 bytes, GB = 1e9), all of the
   sdpa_cudnn   views of the cache, enable_gqa=True) under sdpa_kernel(FLASH / CUDNN); a backend
                that refuses is recorded with its error
   ceiling      the faster of two full reductions (fp32 sum, amax) over the case's K+V bytes
+
+With --kv-dtype e4m3 or e5m2 the same keys and values are also quantized (fattn.quantize_fp8, a
+descale per sequence and KV head) into an FP8 cache, and fattn_fp8 / fattn_paged_fp8 time it in
+the same run (GB/s of the FP8 bytes read, checked against float64 attention over the dequantized
+cache); the summary prints each case's FP8 / bf16 time ratio (the bar: <= 0.55 at batch 1 / 128k
+and batch 8 / 64k).
 
 Timing (common.time_ms): --calls back-to-back calls in a CUDA graph, replayed --reps times.
 Contexts under --rotate-mb of K+V get several cache copies, consecutive calls reading
@@ -45,6 +53,9 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 ATOL, RTOL_L2 = 2e-2, 2e-2  # max |out - ref|, and ||out - ref|| / ||ref|| for long contexts' tiny values
 DEFAULT_CASES = {1: ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k"], 8: ["8k", "16k", "32k", "64k"], 32: ["4k"]}
 QUICK_CASES = {1: ["100", "256"], 3: ["1000"]}
+KV_DTYPES = {"bf16": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_BAR = 0.55  # FP8-cache time per step / bf16-cache time per step, at the bar's shapes
+BAR_CASES = {(1, 128 * 1024), (8, 64 * 1024)}
 CEILINGS = {"sum_fp32": lambda t: torch.sum(t, dtype=torch.float32), "amax": lambda t: torch.amax(t.view(-1))}
 
 
@@ -58,7 +69,10 @@ def plan_case(batch, context, args):
     ref_bytes = 2 * context * KV_HEADS * HEAD_DIM * 8  # float64 K and V of one sequence
     case = {"batch": batch, "context": context, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
             "kv_bytes": nbytes, "copies": copies, "calls": max(args.calls, copies)}
-    return case, copies * (nbytes + paged_bytes) + staging + ref_bytes
+    mem = copies * (nbytes + paged_bytes) + staging + ref_bytes
+    if KV_DTYPES[args.kv_dtype] is not None:  # FP8 copies (half the bytes) and the float32 dequantized K+V
+        mem += copies * (nbytes + paged_bytes) // 2 + 2 * nbytes
+    return case, mem
 
 
 def parse_args(argv=None):
@@ -77,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--max-gb", type=float, default=30.0, help="skip a case that would need more memory")
     p.add_argument("--budget-s", type=float, default=450.0, help="start no case after this many seconds (0: none)")
     p.add_argument("--no-peers", action="store_true", help="time fattn and the ceiling only")
+    p.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bf16",
+                   help="also time an FP8 cache of the same data (e4m3: float8_e4m3fn, e5m2: float8_e5m2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny cases, few reps: a smoke run")
@@ -137,8 +153,9 @@ def time_calls(args, calls):
         return time_ms(calls, **timing), f"eager (graph capture failed: {short_error(e, 300)})"
 
 
-def measure(results, args, case, impl, make_call, ref=None, to_ref=None, num_splits=None):
-    """Checks copy 0's output against ref, then times the rotated call list; adds the row."""
+def measure(results, args, case, impl, make_call, ref=None, to_ref=None, num_splits=None, nbytes=None):
+    """Checks copy 0's output against ref, then times the rotated call list; adds the row (GB/s of
+    nbytes per call, the case's K+V bytes by default)."""
     error, metrics, timing = None, {}, None
     try:
         out = make_call(0)()
@@ -150,13 +167,29 @@ def measure(results, args, case, impl, make_call, ref=None, to_ref=None, num_spl
         error = short_error(e, 1500)
     if error is not None:
         ms = None
-    row = results.add(case, impl, ms, error, nbytes=case["kv_bytes"], num_splits=num_splits, timing=timing, **metrics)
+    row = results.add(case, impl, ms, error, nbytes=nbytes or case["kv_bytes"], num_splits=num_splits, timing=timing,
+                      **metrics)
     label = impl if num_splits is None else f"{impl} n={num_splits}"
     if error:
         print(f"  {'!!! ' if impl.startswith('fattn') else ''}{label:<18} {error[:400]}", flush=True)
     else:
         print(f"  {label:<18} {ms * 1e3:10.2f} us {row['gb_s']:9.1f} GB/s  [{timing}]", flush=True)
     return row
+
+
+def fp8_copy(kv, dtype, page_size):
+    """kv [2, b, L, Hk, D] quantized into an FP8 cache: ((k, v), (k_descale, v_descale) [b, Hk],
+    (paged k pool, paged v pool, block_table)), the pages shuffled as paginate's."""
+    (k8, kd), (v8, vd) = (fattn.quantize_fp8(kv[i], dtype, granularity="head") for i in (0, 1))
+    pool, table = paginate(torch.stack([k8, v8]).view(torch.uint8), page_size)  # index_copy_ on the bytes
+    pool = pool.view(dtype)
+    return (k8, v8), (kd, vd), (pool[0], pool[1], table)
+
+
+def dequantized(cache):
+    """float32 [2, b, L, Hk, D] of an fp8_copy's contiguous cache: x_fp8 * descale[b, h]."""
+    (k8, v8), (kd, vd), _ = cache
+    return torch.stack([k8.float() * kd[:, None, :, None], v8.float() * vd[:, None, :, None]])
 
 
 def run_case(args, results, case):
@@ -196,6 +229,21 @@ def run_case(args, results, case):
             row = measure(results, args, case, impl, decode, ref, num_splits=n)
             if row["error"]:
                 fails.append(f"b{b} ctx {fmt_size(ctx)} {impl} n={n}: {row['error'][:300]}")
+    fp8_dtype = KV_DTYPES[args.kv_dtype]
+    if fp8_dtype is not None:
+        fp8 = [fp8_copy(kv, fp8_dtype, args.page_size) for kv in kvs]
+        ref8 = decode_reference(qs[0], dequantized(fp8[0]), ctx)
+        for n in args.splits:
+            for impl in ("fattn_fp8", "fattn_paged_fp8"):
+                def decode8(i, n=n, impl=impl):
+                    (k8, v8), (kd, vd), (kp, vp, table) = fp8[i]
+                    kc, vc, table = (k8, v8, None) if impl == "fattn_fp8" else (kp, vp, table)
+                    return lambda: fattn.flash_attn_with_kvcache(qs[i], kc, vc, cache_seqlens=seqlens,
+                                                                 block_table=table, num_splits=n, k_descale=kd,
+                                                                 v_descale=vd)
+                row = measure(results, args, case, impl, decode8, ref8, num_splits=n, nbytes=case["kv_bytes"] // 2)
+                if row["error"]:
+                    fails.append(f"b{b} ctx {fmt_size(ctx)} {impl} n={n}: {row['error'][:300]}")
     for r in results.case_rows(case):
         r["frac_ceiling"] = r["gb_s"] / best["gb_s"] if r["gb_s"] and best["gb_s"] else None
     results.compare(case, peers=list(sdpa_peers(dev)))
@@ -209,6 +257,29 @@ def best_rows(rows):
         if r["impl"] not in best or (r["gb_s"] or 0) > (best[r["impl"]]["gb_s"] or 0):
             best[r["impl"]] = r
     return best
+
+
+def fp8_ratios(best):
+    """(contiguous, paged) FP8-cache time / bf16-cache time of a case's best rows, None where missing."""
+    def ratio(fp8, bf16):
+        f, b = best.get(fp8, {}).get("ms"), best.get(bf16, {}).get("ms")
+        return f / b if f and b else None
+    return ratio("fattn_fp8", "fattn"), ratio("fattn_paged_fp8", "fattn_paged")
+
+
+def print_fp8_summary(results, args):
+    lines = []
+    for b, ctx in args.cases:
+        best = best_rows(results.case_rows({"batch": b, "context": ctx}))
+        contiguous, paged = fp8_ratios(best)
+        bar = ""
+        if (b, ctx) in BAR_CASES:
+            worst = max((r for r in (contiguous, paged) if r is not None), default=None)
+            bar = "n/a" if worst is None else ("meets" if worst <= FP8_BAR else "MISSES")
+        lines.append([b, fmt_size(ctx), best.get("fattn", {}).get("ms"), best.get("fattn_fp8", {}).get("ms"),
+                      contiguous, paged, bar])
+    print_table(["batch", "context", "bf16 ms", f"{args.kv_dtype} ms", "fp8/bf16", "paged fp8/bf16",
+                 f"bar <= {FP8_BAR}"], lines, title=f"\nFP8 ({args.kv_dtype}) cache / bf16 cache, time per step")
 
 
 def print_summary(results, args):
@@ -276,6 +347,8 @@ def main(argv=None):
                 torch.cuda.empty_cache()
         results.write(args.out)  # after every case: a cut-off run keeps what it measured
     print_summary(results, args)
+    if KV_DTYPES[args.kv_dtype] is not None:
+        print_fp8_summary(results, args)
     print(f"\nwrote {args.out} ({time.time() - start:.0f} s)")
     if fails:
         print("\n!!! fattn failures:", *fails, sep="\n  ")

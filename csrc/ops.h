@@ -74,14 +74,17 @@ std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses);
 // fattn::decode: attention of a sequence's new query tokens over its (paged) KV cache, after
 // appending the optional new tokens k/v in place at cache_seqlens (rotated first when
 // rotary_cos/sin are given). flash-attn's flash_attn_with_kvcache order. Returns out [batch,
-// seqlen_q, heads, head_dim] (q's dtype) and lse [batch, heads, seqlen_q].
+// seqlen_q, heads, head_dim] (q's dtype) and lse [batch, heads, seqlen_q]. With an FP8 cache
+// (float8_e4m3fn or float8_e5m2, both caches alike) k_descale and v_descale (float32 [batch,
+// kv_heads], optional) say what its values stand for (decode/decode_shape.h).
 #define FATTN_DECODE_ARGS Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k, \
                           std::optional<Tensor> v, std::optional<Tensor> rotary_cos, \
                           std::optional<Tensor> rotary_sin, std::optional<Tensor> cache_seqlens, \
                           std::optional<Tensor> cache_batch_idx, std::optional<Tensor> cache_leftpad, \
                           std::optional<Tensor> block_table, std::optional<double> softmax_scale, bool causal, \
                           int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved, \
-                          std::optional<Tensor> alibi_slopes, int64_t num_splits, std::optional<Tensor> sinks
+                          std::optional<Tensor> alibi_slopes, int64_t num_splits, std::optional<Tensor> sinks, \
+                          std::optional<Tensor> k_descale, std::optional<Tensor> v_descale
 std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS);
 std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS);
 

@@ -36,7 +36,7 @@ STABLE_TORCH_LIBRARY(fattn, m) {
         "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? block_table=None, "
         "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
         "float softcap=0.0, bool rotary_interleaved=True, Tensor? alibi_slopes=None, int num_splits=0, "
-        "Tensor? sinks=None) "
+        "Tensor? sinks=None, Tensor? k_descale=None, Tensor? v_descale=None) "
         "-> (Tensor out, Tensor lse)");
 }
 

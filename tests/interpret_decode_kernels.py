@@ -32,11 +32,12 @@ WIDE_TILES = DecodeTiles(block_m=64, block_n=16, block_s=4, num_warps=4, num_sta
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-           alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=0):
+           alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=0, k_descale=None,
+           v_descale=None):
     variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
     return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, WIDE_TILES if wide else TILES, variant,
                   k_new, v_new, rotary=rotary, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                  wide=wide)
+                  wide=wide, k_descale=k_descale, v_descale=v_descale)
 
 
 CASES = [
@@ -56,7 +57,36 @@ CASES = [
     ("paged16-wide-40q-causal-rotary-neox-2splits", 40, 4, 2, 16, 16, 40, True, (-1, -1), 0.0, 2),
     ("contiguous-wide-33q-window-batchidx-leftpad", 33, 8, 1, 32, None, 5, False, (20, 0), 0.0, 1),
     ("paged16-wide-mods-24q-causal-softcap-alibi-3splits", 24, 8, 2, 16, 16, 3, True, (-1, -1), 4.0, 3),
+    # FP8 caches (KV_FP8 1: e4m3, 2: e5m2), with descales unless named *kdescale* (k's only)
+    ("fp8-e4m3-contiguous-gqa4-3splits", 2, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 3),
+    ("fp8-e5m2-paged16-window-softcap-1split", 3, 4, 4, 16, 16, 1, False, (7, 1), 3.0, 1),
+    ("fp8-e4m3-contiguous-batchidx-leftpad-kdescale-2splits", 3, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 2),
 ]
+
+
+def fp8_tokens(x, descale, fp8):
+    """New tokens whose quotients by the descale (a power of two) are FP8 values, or beyond the
+    format's range (two per row, which the append saturates): the append's rounding is then exact.
+    Triton 3.6's interpreter rounds fp32 to FP8 wrongly where rounding up carries into the next
+    binade (7.9 to e4m3 gives 4, not 8), which the GPU does not; the rounding itself is checked
+    on the GPU (test_decode_fp8_gpu.py) and against torch for every float16 value on the CPU
+    (test_decode_fp8_cpu.py)."""
+    factor = 1.0 if descale is None else descale[:, None, :, None]
+    limit = torch.finfo(fp8).max
+    x = (4 * x).clamp(-limit, limit).to(fp8).float()
+    x[..., 0], x[..., 1] = 2 * limit, -2 * limit
+    return x * factor
+
+
+def fp8_dtype(name):
+    return torch.float8_e4m3fn if "e4m3" in name else torch.float8_e5m2 if "e5m2" in name else None
+
+
+def fp8_steps(a, b):
+    """The largest distance, in representable values, between FP8 tensors a and b (same signs)."""
+    ua, ub = a.view(torch.uint8).int(), b.view(torch.uint8).int()
+    same = (ua & 0x80) == (ub & 0x80)
+    return int(torch.where(same, ((ua & 0x7F) - (ub & 0x7F)).abs(), (ua & 0x7F) + (ub & 0x7F)).max())
 
 
 def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, causal, window, softcap, splits):
@@ -78,6 +108,12 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         k_cache = torch.randn(batch + 2 if "batchidx" in name else batch, capacity, kv_heads, head_dim)
         block_table = None
     v_cache = torch.randn_like(k_cache)
+    fp8 = fp8_dtype(name)
+    k_descale = v_descale = None
+    if fp8 is not None:  # each sequence and head with its descale (a power of two: see fp8_tokens)
+        k_cache, v_cache = (4 * k_cache).clamp(-400, 400).to(fp8), (4 * v_cache).clamp(-400, 400).to(fp8)
+        k_descale = torch.exp2(torch.randint(-3, 1, (batch, kv_heads)).float())
+        v_descale = None if "kdescale" in name else torch.exp2(torch.randint(-3, 1, (batch, kv_heads)).float())
     batch_idx = torch.randperm(batch + 2, dtype=torch.int32)[:batch] if "batchidx" in name else None
     leftpad = torch.tensor([0, 5, 100], dtype=torch.int32) if "leftpad" in name else None
     rotary = None
@@ -87,7 +123,9 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         rotary = Rotary(angles.cos(), angles.sin(), interleaved="gptj" in name, per_token=per_token)
     k_new = torch.randn(batch, seqlen_new, kv_heads, head_dim) if seqlen_new else None
     v_new = torch.randn_like(k_new) if seqlen_new else None
-    want_k, want_v = k_cache.double(), v_cache.double()
+    if fp8 is not None and seqlen_new:
+        k_new, v_new = fp8_tokens(k_new, k_descale, fp8), fp8_tokens(v_new, v_descale, fp8)
+    want_k, want_v = (k_cache.clone(), v_cache.clone()) if fp8 is not None else (k_cache.double(), v_cache.double())
     alibi = torch.rand(batch, heads) * 0.2 if "alibi" in name else None
     sinks = torch.randn(heads) if "sinks" in name else None
     want_out, want_lse = torch.ops.fattn.decode(
@@ -96,10 +134,27 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         causal=causal, window_left=window[0], window_right=window[1], softcap=softcap, alibi_slopes=alibi,
         sinks=sinks, rotary_cos=None if rotary is None else rotary.cos.double(),
         rotary_sin=None if rotary is None else rotary.sin.double(),
-        rotary_interleaved=rotary is not None and rotary.interleaved, cache_batch_idx=batch_idx, cache_leftpad=leftpad)
+        rotary_interleaved=rotary is not None and rotary.interleaved, cache_batch_idx=batch_idx, cache_leftpad=leftpad,
+        k_descale=k_descale, v_descale=v_descale)
     out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
-                      alibi, sinks, rotary, batch_idx, leftpad, wide=(2 if "mods" in name else 1) if "wide" in name else 0)
+                      alibi, sinks, rotary, batch_idx, leftpad, wide=(2 if "mods" in name else 1) if "wide" in name else 0,
+                      k_descale=k_descale, v_descale=v_descale)
     finite = torch.isfinite(want_lse)
+    if fp8 is not None:  # the appended FP8 values, compared as bit patterns
+        steps = max(fp8_steps(k_cache, want_k), fp8_steps(v_cache, want_v))
+        return {
+            "case": name,
+            "out_err": (out.double() - want_out).abs().max().item(),
+            "lse_err": (lse.double()[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0,
+            "lse_pattern": bool(torch.equal(torch.isfinite(lse), finite)),
+            "empty_rows": int((~finite).sum()),
+            "cache_ok": steps == 0,
+            "cache_err": steps,  # FP8 steps apart: a key rotated in fp32 may round one step from float64's
+            "saturated": int((k_cache.float().abs() == torch.finfo(fp8).max).sum()),
+            # the saturated tokens' values reach the format's largest (57344 x descale for e5m2)
+            "out_scale": want_out.abs().max().item(),
+            "lse_scale": want_lse[finite].abs().max().item() if finite.any() else 0.0,
+        }
     return {
         "case": name,
         "out_err": (out.double() - want_out).abs().max().item(),  # NaN if any output was left unwritten

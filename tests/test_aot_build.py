@@ -38,12 +38,18 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
         assert sum(v.kernel == name for v in variants) == per_kernel, name
         expected += per_kernel
     assert len(variants) == expected
-    # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x WIDE 1/2.
-    assert sum(v.kernel == "attn_decode_split" for v in variants) == 4 * 2 * 4 * 2 * 3 - 2 * 4 * 2 * 2
+    # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x WIDE 1/2;
+    # the FP8 caches' (KV_FP8 1, 2) only on sm_90 here (and sm_89), the decoding tile, both head-dim codes.
+    assert sum(v.kernel == "attn_decode_split" for v in variants) == (4 * 2 * 4 * 2 * 3 - 2 * 4 * 2 * 2
+                                                                      + 2 * 4 * 2 * 2 * 2)
+    fp8 = [v for v in variants if v.constant_dict.get("KV_FP8", 0) != 0]
+    assert {v.arch for v in fp8} == {90} and {v.kernel for v in fp8} == {"attn_decode_split", "kv_append"}
+    assert all(v.constant_dict.get("WIDE", 0) == 0 for v in fp8)
     # The large families build only the padded head-dim code (it serves exact dims too, the
-    # chooser falls back to it: common/kernel_choice.h); the small ones both.
+    # chooser falls back to it: common/kernel_choice.h); the small ones both, and so does the
+    # decode split for FP8 caches (the exact-dim code's loads are wider: configs.json).
     large = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq", "attn_decode_split"}
-    assert {v.constant_dict["PAD_D"] for v in variants if v.kernel in large} == {True}
+    assert {v.constant_dict["PAD_D"] for v in variants if v.kernel in large and v not in fp8} == {True}
     bucketed = [v for v in variants if v.kernel not in large and v.kernel not in ("segment_spans", "fp8_transpose_v")]
     assert {v.constant_dict["PAD_D"] for v in bucketed} == {False, True}
     # segment_spans reads int32 ids alone: no head dim, one variant per arch.
@@ -195,9 +201,10 @@ def test_exclude_leaves_out_only_the_matching_variants():
     config = grid.load_config()
     env = {"FATTN_CUDA_ARCHS": "75;80", "FATTN_HEAD_DIMS": "64"}
     kcfg = config["kernels"]["attn_decode_split"]
-    kcfg["exclude"] = []
+    others = [e for e in kcfg["exclude"] if e["flags"] != {"WIDE": [1, 2]}]  # the FP8 caches' entries
+    kcfg["exclude"] = others
     every = grid.expand(config, env)
-    kcfg["exclude"] = [{"flags": {"WIDE": [1, 2]}, "archs": [75]}]
+    kcfg["exclude"] = others + [{"flags": {"WIDE": [1, 2]}, "archs": [75]}]
     kept = grid.expand(config, env)
     gone = set(every) - set(kept)
     assert gone and all(v.kernel == "attn_decode_split" and v.arch == 75 and v.constant_dict["WIDE"] in (1, 2)

@@ -35,7 +35,7 @@ def _op_args(a):
     return (a["q"], a["k_cache"], a["v_cache"], a["k"], a["v"], a.get("rotary_cos"), a.get("rotary_sin"),
             a["cache_seqlens"], a.get("cache_batch_idx"), a.get("cache_leftpad"), a["block_table"],
             a["softmax_scale"], a["causal"], a["window_size"][0], a["window_size"][1], a["softcap"],
-            a.get("rotary_interleaved", True), None, a["num_splits"])
+            a.get("rotary_interleaved", True), None, a["num_splits"], None, a.get("k_descale"), a.get("v_descale"))
 
 
 def _call(via, a):
@@ -48,7 +48,8 @@ def _call(via, a):
                                              cache_seqlens=a["cache_seqlens"], block_table=a["block_table"],
                                              softmax_scale=a["softmax_scale"], causal=a["causal"],
                                              window_size=a["window_size"], softcap=a["softcap"],
-                                             num_splits=a["num_splits"], return_lse=True)
+                                             num_splits=a["num_splits"], k_descale=a.get("k_descale"),
+                                             v_descale=a.get("v_descale"), return_lse=True)
     if via == "fake":
         return call_with_fakes(DECODE, _op_args(a))
     return DECODE(*_op_args(a))
@@ -264,6 +265,66 @@ def test_block_table_entry_out_of_range(via, entry):
     _expect(via, r"block_table", paged=True, block_table=patch)
 
 
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _fp8(dtype=E4M3, k_descale=True, v_descale=True):
+    """Changes that make the valid call an FP8-cache call (with descales [2, 2] where asked)."""
+    changes = dict(k_cache=lambda a: a["k_cache"].to(dtype), v_cache=lambda a: a["v_cache"].to(dtype))
+    if k_descale:
+        changes["k_descale"] = torch.full((2, 2), 0.5)
+    if v_descale:
+        changes["v_descale"] = torch.full((2, 2), 0.25)
+    return changes
+
+
+@VIA
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_valid_fp8_calls_succeed(via, paged, dtype):
+    # The FP8 rules below each change one thing of these calls.
+    a = _valid(paged)
+    for name, change in _fp8(dtype).items():
+        a[name] = change(a) if callable(change) else change
+    out, lse = _call(via, a)
+    assert out.shape == (2, 3, 4, 32) and out.dtype == torch.float32 and lse.shape == (2, 4, 3)
+
+
+@VIA
+@pytest.mark.parametrize("name", ["k_descale", "v_descale"])
+def test_descale_with_a_16_bit_cache(via, name):
+    _expect(via, rf"\b{name} is given but the caches have dtype float32", **{name: torch.ones(2, 2)})
+    _expect(via, rf"\b{name} is given but the caches have dtype bfloat16", q=lambda a: a["q"].bfloat16(),
+            k_cache=lambda a: a["k_cache"].bfloat16(), v_cache=lambda a: a["v_cache"].bfloat16(),
+            k=lambda a: a["k"].bfloat16(), v=lambda a: a["v"].bfloat16(), **{name: torch.ones(2, 2)})
+
+
+@VIA
+@pytest.mark.parametrize("name", ["k_descale", "v_descale"])
+def test_descale_shape_and_dtype(via, name):
+    fp8 = _fp8()
+    for bad in (torch.ones(2), torch.ones(2, 4), torch.ones(3, 2), torch.ones(2, 2, 1), torch.ones(1, 2)):
+        _expect(via, rf"\b{name} has shape \[[\d, ]*\]; expected \[batch, kv_heads\] = \[2, 2\]",
+                **dict(fp8, **{name: bad}))
+    for bad in (torch.ones(2, 2, dtype=torch.float64), torch.ones(2, 2, dtype=torch.bfloat16),
+                torch.ones(2, 2, dtype=torch.int32)):
+        _expect(via, rf"\b{name} has dtype \w+; expected float32", **dict(fp8, **{name: bad}))
+
+
+@VIA
+def test_fp8_dtype_rules(via):
+    # q and the new tokens stay 16-bit (or float32/float64 on CPU); only the caches may be FP8.
+    _expect(via, r"\bq has dtype float8_e4m3fn", **dict(_fp8(), q=lambda a: a["q"].to(E4M3)))
+    _expect(via, r"\bk has dtype float8_e4m3fn but q has float32", **dict(_fp8(), k=lambda a: a["k"].to(E4M3)))
+    _expect(via, r"\bv has dtype float8_e5m2 but q has float32", **dict(_fp8(E5M2), v=lambda a: a["v"].to(E5M2)))
+    # Both caches in one FP8 format.
+    _expect(via, r"\bk_cache has dtype float8_e4m3fn but v_cache has float8_e5m2",
+            **dict(_fp8(), v_cache=lambda a: a["v_cache"].to(E5M2)))
+    _expect(via, r"\bk_cache has dtype float32 but v_cache has float8_e5m2",
+            **dict(_fp8(k_descale=False, v_descale=False), k_cache=lambda a: a["k_cache"].float(),
+                   v_cache=lambda a: a["v_cache"].to(E5M2)))
+
+
 def test_fake_applies_the_cuda_rules():
     # Fake CUDA tensors need no GPU. The op's own errors for these inputs are pinned by
     # test_decode_gpu.py's test_bad_input_cuda_rules.
@@ -282,5 +343,8 @@ def test_fake_applies_the_cuda_rules():
         float32 = _valid(paged=True, device="cuda")
         expect(r"q has dtype float32; expected float16 or bfloat16$",
                **{name: float32[name] for name in ("q", "k_cache", "v_cache", "k", "v")})
+        fp8 = dict(k_cache=a["k_cache"].to(E4M3), v_cache=a["v_cache"].to(E4M3))
+        expect(r"\bk_descale is on cpu but q is on cuda:0", **fp8, k_descale=torch.ones(2, 2))
+        expect(r"\bv_descale is on cpu but q is on cuda:0", **fp8, v_descale=torch.ones(2, 2))
         expect(r"num_splits is 257", num_splits=257)
         expect(r"softcap must be a finite number >= 0", softcap=-0.5)

@@ -105,7 +105,7 @@ FLASH_ATTN_KVCACHE_PARAMS = ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", 
 
 def test_kvcache_positional_order_is_flash_attn_s():
     assert _positional(fattn.flash_attn_with_kvcache) == FLASH_ATTN_KVCACHE_PARAMS
-    assert _keyword_only(fattn.flash_attn_with_kvcache) == ["return_lse", "sinks"]
+    assert _keyword_only(fattn.flash_attn_with_kvcache) == ["return_lse", "sinks", "k_descale", "v_descale"]
 
 
 def test_a_kvcache_call_ported_from_flash_attn_means_the_same():

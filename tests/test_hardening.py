@@ -46,6 +46,18 @@ def test_decode_with_a_meta_index_tensor_raises_and_writes_nothing(which):
     assert torch.equal(k_cache, before)
 
 
+@pytest.mark.parametrize("which", ["k_descale", "v_descale"])
+def test_decode_with_a_meta_descale_raises_and_writes_nothing(which):
+    # An FP8 cache's descale on the meta device has no data for the CPU op to read.
+    q, k_cache, v_cache, k_new, v_new, seqlens = _decode_inputs()
+    k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    before = k_cache.view(torch.uint8).clone()
+    with pytest.raises(RuntimeError, match=f"{which} is on meta but q is on cpu"):
+        torch.ops.fattn.decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                               **{which: torch.ones(2, 2, device="meta")})
+    assert torch.equal(k_cache.view(torch.uint8), before)
+
+
 def test_second_order_gradients_raise_instead_of_being_zero():
     q = torch.randn(1, 5, 2, 16, dtype=F64, requires_grad=True)
     k, v = torch.randn(1, 5, 2, 16, dtype=F64), torch.randn(1, 5, 2, 16, dtype=F64)

@@ -34,11 +34,23 @@ def _params(cpu_dtypes):
             for op in OP_NAMES for p in device_dtype_params(cpu_dtypes, CUDA_DTYPES[op])]
 
 
+# opcheck's test_schema compares every argument before and after the call with torch.allclose,
+# which torch 2.13 does not implement for float8 tensors on the CPU; the decode schema's mutation
+# declarations are the same for FP8 caches and are checked by the 16-bit samples.
+ALL_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _opcheck_utils(sample):
+    fp8 = any(isinstance(a, torch.Tensor) and a.dtype in FP8 for a in sample.args)
+    return tuple(u for u in ALL_UTILS if not (fp8 and u == "test_schema"))
+
+
 @pytest.mark.parametrize("op,device,dtype", _params([torch.float32, torch.float64]))
 def test_opcheck(op, device, dtype):
     for sample in SAMPLE_INPUTS[op](device, dtype):
         with sample_named(sample):
-            torch.library.opcheck(OPS[op], sample.args)
+            torch.library.opcheck(OPS[op], sample.args, test_utils=_opcheck_utils(sample))
     if op in ("forward", "varlen_forward"):  # again with gradients: the registered autograd, traced and eager
         for sample in SAMPLE_INPUTS[op](device, dtype, requires_grad=True):
             with sample_named(sample):

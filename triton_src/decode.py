@@ -60,6 +60,68 @@ def _cache_row(CacheBatchIdx, batch, use_batch_idx):
     return batch
 
 
+# The FP8 caches' largest finite values (e4m3fn, e5m2): the append saturates to them.
+FP8_E4M3_MAX = tl.constexpr(448.0)
+FP8_E5M2_MAX = tl.constexpr(57344.0)
+
+
+@triton.jit
+def _fp8_cache(Cache, KV_FP8: tl.constexpr):
+    """The cache pointer as the kernels read it: declared in q's dtype ("*T": the variant's
+    element type), reinterpreted as the FP8 type KV_FP8 names (1: e4m3fn, 2: e5m2; the values of
+    fp8_flag in csrc/common/fp8.h), whose element strides the op passes in bytes."""
+    if KV_FP8 == 1:
+        return Cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+    elif KV_FP8 == 2:
+        return Cache.to(tl.pointer_type(tl.float8e5), bitcast=True)
+    else:
+        return Cache
+
+
+@triton.jit
+def _wide_fp8_stride(stride):
+    """An FP8 cache's stride as a visible multiple of 16 bytes, for the exact-dim code (PAD_D 0:
+    head_dim is the power-of-two bucket, so a contiguous cache's strides are such multiples; the
+    op copies or refuses a cache that breaks it, decode_cuda.cpp): the K rows then load 16 bytes at
+    a time, where the spec's promise of 8 elements alone gives 8-byte loads of FP8 values. (V's
+    stay 8: Triton lays its tile out for the conversion to q's dtype; NOTES.md D11.)"""
+    return (stride // 16) * 16
+
+
+@triton.jit
+def _descale(Descale, batch, kv_head, stride_b, stride_h, use_descale):
+    """descale[batch, kv_head] of an FP8 cache (float32), 1 when none is given."""
+    return tl.load(Descale + batch * stride_b + kv_head * stride_h, mask=use_descale != 0, other=1.0)
+
+
+@triton.jit
+def _quantize(x, descale, KV_FP8: tl.constexpr):
+    """x (fp32) stored into an FP8 cache whose values stand for x_fp8 * descale: x / descale
+    rounded once, to nearest even, as the CPU op rounds the exact quotient (round_to_fp8 in
+    csrc/common/fp8.cpp), clamped to the format's largest finite value before the cast (so that
+    saturation does not depend on what the conversion does out of range).
+
+    Rounding the quotient to fp32 first and then to FP8 could land on an FP8 tie the exact quotient
+    is not on (about once in 2^21 values); so the fp32 quotient is rounded to odd instead (an
+    inexact one takes the odd one of its two neighbours, found from the exact remainder by fma),
+    and round-to-odd at 24 bits followed by round-to-nearest-even at 4 or 3 is one correct
+    rounding."""
+    d = tl.zeros_like(x) + descale
+    y = tl.div_rn(x, d)
+    remainder = tl.fma(-y, d, x)  # exact: x - y * d
+    bits = y.to(tl.int32, bitcast=True)
+    beyond = (remainder > 0) == (y > 0)  # the exact quotient lies past y, away from zero
+    odd = tl.where(beyond, bits + 1, bits - 1).to(tl.float32, bitcast=True)
+    inexact = (remainder != 0) & (y != 0) & (tl.abs(y) <= 3.4028234663852886e38)
+    y = tl.where(inexact & ((bits & 1) == 0), odd, y)
+    if KV_FP8 == 1:
+        y = tl.minimum(tl.maximum(y, -FP8_E4M3_MAX), FP8_E4M3_MAX)
+        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    else:
+        y = tl.minimum(tl.maximum(y, -FP8_E5M2_MAX), FP8_E5M2_MAX)
+        return y.to(tl.float8e5, fp_downcast_rounding="rtne")
+
+
 @triton.jit
 def _rotate(x, X, row_offsets, row_ok, offs_d, positions, RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim,
             rotary_interleaved):
@@ -92,12 +154,15 @@ def kv_append(
     stride_vb, stride_vs, stride_vh,
     stride_tb, page_size, capacity, head_dim, use_batch_idx,
     stride_ro, seqlen_ro, rotary_dim, rotary_interleaved,
-    BLOCK_D: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
+    KDescale, stride_kdb, stride_kdh, use_k_descale, VDescale, stride_vdb, stride_vdh, use_v_descale,
+    BLOCK_D: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Grid (seqlen_new, kv_heads, batch): copies new token i of (batch, kv head) to
     cache position cache_seqlens[batch] + i, its key rotated at that position when
     rotary_dim > 0. Positions past the capacity are dropped (checking them on the host
-    would need the device's lengths)."""
+    would need the device's lengths). An FP8 cache (KV_FP8 1 or 2) stores the token
+    quantized with its sequence's descale (k_descale[batch, kv_head], 1 with use_k_descale 0;
+    v likewise), after the rotation (_quantize)."""
     i = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
@@ -110,15 +175,23 @@ def kv_append(
         k_off = page * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_off = page * stride_vb + slot * stride_vs + kv_head * stride_vh
         k_row = batch * stride_nkb + i * stride_nks + kv_head * stride_nkh
-        k = tl.load(KNew + k_row + offs_d, mask=d_ok)
+        # fp32 until the one rounding to the cache's type below (exact for an unrotated 16-bit key)
+        k = tl.load(KNew + k_row + offs_d, mask=d_ok).to(tl.float32)
         v = tl.load(VNew + batch * stride_nvb + i * stride_nvs + kv_head * stride_nvh + offs_d, mask=d_ok)
         if rotary_dim > 0:
             one = tl.full([1], 1, tl.int1)
             k = _rotate(k[None, :], KNew, tl.full([1], 0, tl.int64) + k_row, one, offs_d, tl.full([1], 0, tl.int32) + pos,
                         RotaryCos, RotarySin, stride_ro, seqlen_ro, rotary_dim, rotary_interleaved)
-            k = tl.reshape(k, [BLOCK_D]).to(KCache.dtype.element_ty)
-        tl.store(KCache + k_off + offs_d, k, mask=d_ok)
-        tl.store(VCache + v_off + offs_d, v, mask=d_ok)
+            k = tl.reshape(k, [BLOCK_D])
+        if KV_FP8 != 0:
+            k = _quantize(k, _descale(KDescale, batch, kv_head, stride_kdb, stride_kdh, use_k_descale),
+                          KV_FP8)
+            v = _quantize(v.to(tl.float32), _descale(VDescale, batch, kv_head, stride_vdb, stride_vdh, use_v_descale),
+                          KV_FP8)
+        else:
+            k = k.to(KCache.dtype.element_ty)
+        tl.store(_fp8_cache(KCache, KV_FP8) + k_off + offs_d, k, mask=d_ok)
+        tl.store(_fp8_cache(VCache, KV_FP8) + v_off + offs_d, v, mask=d_ok)
 
 
 @triton.jit
@@ -252,8 +325,9 @@ def attn_decode_split(
     Alibi, stride_alibib, stride_alibih, use_alibi,
     qk_scale, softcap_log2, Sinks, use_sinks,
     use_batch_idx, use_leftpad,
+    KDescale, stride_kdb, stride_kdh, use_k_descale, VDescale, stride_vdb, stride_vdh, use_v_descale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAD_D: tl.constexpr, WIDE: tl.constexpr,
+    PAGED: tl.constexpr, PAD_D: tl.constexpr, WIDE: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Grid (num_splits, kv_heads * row_tiles, batch).
 
@@ -267,6 +341,11 @@ def attn_decode_split(
     cache_batch_idx[batch] with use_batch_idx != 0; with use_leftpad != 0 the keys before
     cache_leftpad[batch] are not attended to (the masks keep their positions). A rotary
     embedding reaches q through rotate_queries, before this kernel.
+    An FP8 cache (KV_FP8 1: e4m3fn, 2: e5m2; decoding tile only) stands for x_fp8 * descale, one
+    float32 descale per (batch, kv head) (use_k/v_descale 0: 1): each K and V tile is converted to
+    q's dtype (exact: every e4m3/e5m2 value is a float16 and a bfloat16 value) for the same dots,
+    k_descale folded into qk_scale, and the (partial) output multiplied by v_descale before it is
+    written, so the merge is unchanged.
     WIDE 1 and 2 (chunked prefill: the build gives them a tall row tile) take the forward
     kernel's two-loop pass (_wide_chunk): no mask on the key tiles every row sees; WIDE 2 has
     the softcap and ALiBi code, WIDE 1 runs neither (softcap_log2 = 0, use_alibi = 0).
@@ -274,6 +353,7 @@ def attn_decode_split(
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
+    tl.static_assert(KV_FP8 == 0 or WIDE == 0, "an FP8 cache runs the decoding tile (WIDE 0)")
     split = tl.program_id(0)
     rows_total = seqlen_q * kv_group_size
     row_tiles = tl.cdiv(rows_total, BLOCK_M)
@@ -316,6 +396,19 @@ def attn_decode_split(
     alibi_log2 = tl.load(Alibi + batch * stride_alibib + head * stride_alibih,
                          mask=row_ok & (use_alibi != 0), other=0.0) * LOG2E
 
+    if KV_FP8 != 0:
+        # The scores are (q . k_fp8) * k_descale * scale: one factor per program.
+        qk_scale = qk_scale * _descale(KDescale, batch, kv_head, stride_kdb, stride_kdh, use_k_descale)
+        KCache = _fp8_cache(KCache, KV_FP8)
+        VCache = _fp8_cache(VCache, KV_FP8)
+        if not PAD_D:
+            stride_kb = _wide_fp8_stride(stride_kb)
+            stride_ks = _wide_fp8_stride(stride_ks)
+            stride_kh = _wide_fp8_stride(stride_kh)
+            stride_vb = _wide_fp8_stride(stride_vb)
+            stride_vs = _wide_fp8_stride(stride_vs)
+            stride_vh = _wide_fp8_stride(stride_vh)
+
     m_i, l_i = initial_softmax_state(Sinks, head, (use_sinks != 0) & (split == 0), BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if WIDE != 0:
@@ -344,7 +437,7 @@ def attn_decode_split(
                 k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
             else:
                 k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
-            qk = tl.dot(q, k) * qk_scale
+            qk = tl.dot(q, k.to(q.dtype)) * qk_scale
             if softcap_log2 > 0:
                 qk = softcap_log2 * softcap_tanh(qk)
             if use_alibi != 0:
@@ -356,9 +449,11 @@ def attn_decode_split(
                 v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
             else:
                 v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
 
     out, lse = softmax_finish(acc, l_i, m_i)
+    if KV_FP8 != 0:
+        out = out * _descale(VDescale, batch, kv_head, stride_vdb, stride_vdh, use_v_descale)
 
     # Out and PartOut share the [batch, seqlen_q, heads, head_dim] row order.
     out_rows = (batch * seqlen_q + token) * num_heads + head
@@ -417,6 +512,12 @@ def attn_decode_merge(
     tl.store(Lse + lse_row, lse)
 
 
+# An FP8 cache's descale factors (float32 [batch, kv_heads] views, any strides), each with its
+# use_ flag (0: none given, the factor is 1, the pointer a placeholder never read).
+DESCALES = [
+    slopes_tensor("KDescale"), *strides("kd", "bh", aligned=False), i32("use_k_descale"),
+    slopes_tensor("VDescale"), *strides("vd", "bh", aligned=False), i32("use_v_descale"),
+]
 KV_APPEND = KernelSpec(kv_append, [
     tensor("KNew"), tensor("VNew"), tensor("KCache"), tensor("VCache"),
     index_tensor("CacheSeqlens"), index_tensor("BlockTable"), index_tensor("CacheBatchIdx"),
@@ -424,6 +525,7 @@ KV_APPEND = KernelSpec(kv_append, [
     *strides("nk"), *strides("nv"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
     i32("page_size"), i32("capacity"), i32("head_dim", multiple_of=8), i32("use_batch_idx"),
     i64("stride_ro"), i32("seqlen_ro"), i32("rotary_dim"), i32("rotary_interleaved"),
+    *DESCALES,
 ])
 ROTATE_QUERIES = KernelSpec(rotate_queries, [
     tensor("Q"), tensor("QRot"), index_tensor("CacheSeqlens"), view("RotaryCos"), view("RotarySin"),
@@ -440,6 +542,7 @@ ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
     f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
     i32("use_batch_idx"), i32("use_leftpad"),
+    *DESCALES,
 ])
 ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),

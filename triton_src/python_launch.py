@@ -273,14 +273,29 @@ class Rotary:
     per_token: bool
 
 
+def _kv_fp8(cache) -> int:
+    """The decode kernels' KV_FP8 flag of a cache: fp8_flag's values (csrc/common/fp8.h)."""
+    return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(cache.dtype, 0)
+
+
+def _descale_args(tag, descale, placeholder):
+    """KDescale/VDescale, their (batch, kv head) strides and use flag; a placeholder when None."""
+    if descale is None:
+        return {f"{tag.upper()}Descale": placeholder, f"stride_{tag.lower()}db": 0, f"stride_{tag.lower()}dh": 0,
+                f"use_{tag.lower()}_descale": 0}
+    return {f"{tag.upper()}Descale": descale, f"stride_{tag.lower()}db": descale.stride(0),
+            f"stride_{tag.lower()}dh": descale.stride(1), f"use_{tag.lower()}_descale": 1}
+
+
 def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: DecodeTiles,
            variant: Variant = Variant(), k_new=None, v_new=None, rotary: Rotary | None = None,
-           cache_batch_idx=None, cache_leftpad=None, wide: int = 0):
+           cache_batch_idx=None, cache_leftpad=None, wide: int = 0, k_descale=None, v_descale=None):
     """(out, lse) of one decode step as csrc/decode/decode_cuda.cpp runs it: kv_append when there
     are new tokens (written into the cache in place), attn_decode_split, then attn_decode_merge
     when there is more than one split. Outputs and partials start as NaN. `wide`: the split
     kernel's WIDE flag (0 decoding tile; 1, 2 the chunked-prefill pass without / with the
-    softcap and ALiBi code)."""
+    softcap and ALiBi code). An FP8 cache (float8_e4m3fn / float8_e5m2) runs the KV_FP8 variants
+    with k_descale / v_descale (float32 [batch, kv_heads], None: 1)."""
     from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND, ROTATE_QUERIES
 
     batch, seqlen_q, heads, head_dim = q.shape
@@ -296,6 +311,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
                  **tensor_strides("k", k_cache), **tensor_strides("v", v_cache),
                  CacheBatchIdx=cache_seqlens if cache_batch_idx is None else cache_batch_idx,
                  use_batch_idx=int(cache_batch_idx is not None))
+    kv_fp8 = _kv_fp8(k_cache)
+    one = torch.ones(1, device=q.device)  # the placeholder of a descale not given (never read)
+    descales = dict(**_descale_args("k", k_descale, one), **_descale_args("v", v_descale, one))
     rotary_args = dict(RotaryCos=q, RotarySin=q, stride_ro=0, seqlen_ro=0, rotary_dim=0, rotary_interleaved=0)
     if rotary is not None:
         rotary_args = dict(RotaryCos=rotary.cos, RotarySin=rotary.sin, stride_ro=rotary.cos.stride(0),
@@ -304,7 +322,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     _, head = _shape(q, k_cache, seqlen_q, capacity)
     if seqlen_new:
         KV_APPEND.launch((seqlen_new, kv_heads, batch), **launch, **cache, **head, **rotary_args, PAGED=paged,
-                         KNew=k_new, VNew=v_new, head_dim=head_dim,
+                         KV_FP8=kv_fp8, **descales, KNew=k_new, VNew=v_new, head_dim=head_dim,
                          **tensor_strides("nk", k_new), **tensor_strides("nv", v_new))
     if rotary is not None:  # q rotated into a contiguous copy, as the op does
         q_rot = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
@@ -321,7 +339,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     scores = {name: variant_args[name] for name in ("window_left", "window_right", "Alibi", "stride_alibib",
                                                      "stride_alibih", "use_alibi", "qk_scale", "softcap_log2")}
     ATTN_DECODE_SPLIT.launch(
-        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, WIDE=wide,
+        (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, WIDE=wide, KV_FP8=kv_fp8,
+        **descales,
         CacheLeftpad=cache_seqlens if cache_leftpad is None else cache_leftpad,
         use_leftpad=int(cache_leftpad is not None),
         BLOCK_M=tiles.block_m,

@@ -3,7 +3,9 @@
 // It is the semantic reference of the CUDA kernels: the rotary embedding, the in-place
 // append, the page and row mapping, the left padding, the bottom-right causal/window mask,
 // softcap, ALiBi and sinks, computed in float64 one row at a time. num_splits only shapes
-// the CUDA launch: checked, then ignored.
+// the CUDA launch: checked, then ignored. An FP8 cache is dequantized (each value times its
+// sequence's descale) and the new tokens quantized into it (round_to_fp8 of x / descale, the
+// rounding the kernels' conversion does).
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "attention/attention_variant.h"
+#include "common/fp8.h"
 #include "decode/decode_shape.h"
 #include "ops.h"
 
@@ -42,11 +45,49 @@ void rotate(const DecodeShape& s, const RotaryTables& r, int64_t position, const
   }
 }
 
+// An FP8 cache's descale factors in float64, [batch, kv_heads] contiguous; all 1 when not given.
+struct Descales {
+  Tensor held;
+  const double* values = nullptr;
+  double at(const DecodeShape& s, int64_t b, int64_t kv_head) const {
+    return values != nullptr ? values[b * s.kv_heads + kv_head] : 1.0;
+  }
+};
+
+Descales host_descales(const std::optional<Tensor>& descale) {
+  Descales d;
+  if (descale) {
+    d.held = torch::stable::contiguous(as_double(*descale));
+    d.values = d.held.const_data_ptr<double>();
+  }
+  return d;
+}
+
+// New tokens x [batch, seqlen_new, kv_heads, head_dim] as an FP8 cache stores them, in float64:
+// round_to_fp8(x / descale[b, kv_head]), saturated. Each value is one of the format's, so copying
+// them into the cache converts exactly.
+Tensor quantized(const DecodeShape& s, const Tensor& x, const Descales& descale, ScalarType format) {
+  Tensor out = torch::stable::contiguous(as_double(x));
+  if (out.data_ptr() == x.data_ptr()) out = torch::stable::clone(out);  // never write the caller's k/v
+  double* p = out.mutable_data_ptr<double>();
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t i = 0; i < s.seqlen_new; ++i) {
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        double* row = p + ((b * s.seqlen_new + i) * s.kv_heads + h) * s.head_dim;
+        for (int64_t d = 0; d < s.head_dim; ++d) row[d] = round_to_fp8(row[d] / descale.at(s, b, h), format);
+      }
+    }
+  }
+  return out;
+}
+
 // Writes the new tokens k[b, i] (rotated at position seqlens[b] + i when rotary is on) and
-// v[b, i] into cache position seqlens[b] + i.
+// v[b, i] into cache position seqlens[b] + i (quantized, for an FP8 cache).
 void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                       const DecodeIndices& ix, const RotaryTables& rotary) {
+                       const DecodeIndices& ix, const RotaryTables& rotary, const Descales& k_descale,
+                       const Descales& v_descale) {
   Tensor k_new = s.rotary_dim > 0 ? torch::stable::contiguous(as_double(k)) : k;
+  Tensor v_new = v;
   if (s.rotary_dim > 0) {
     Tensor rotated = torch::stable::new_empty(k_new, {s.batch, s.seqlen_new, s.kv_heads, s.head_dim});
     const double* src = k_new.const_data_ptr<double>();
@@ -61,13 +102,17 @@ void append_new_tokens(const DecodeShape& s, Tensor& k_cache, Tensor& v_cache, c
     }
     k_new = rotated;
   }
+  if (s.kv_fp8 != 0) {
+    k_new = quantized(s, k_new, k_descale, k_cache.scalar_type());
+    v_new = quantized(s, v, v_descale, v_cache.scalar_type());
+  }
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < s.seqlen_new; ++i) {
       const auto [page, slot] = s.key_location(ix.table, ix.batch_idx, b, ix.seqlens[b] + i);
       Tensor k_dst = torch::stable::select(torch::stable::select(k_cache, 0, page), 0, slot);
       Tensor v_dst = torch::stable::select(torch::stable::select(v_cache, 0, page), 0, slot);
       torch::stable::copy_(k_dst, torch::stable::select(torch::stable::select(k_new, 0, b), 0, i));
-      torch::stable::copy_(v_dst, torch::stable::select(torch::stable::select(v, 0, b), 0, i));
+      torch::stable::copy_(v_dst, torch::stable::select(torch::stable::select(v_new, 0, b), 0, i));
     }
   }
 }
@@ -105,7 +150,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                                             window_left, window_right, softcap, rotary_interleaved, alibi_slopes,
-                                            num_splits, sinks);
+                                            num_splits, sinks, k_descale, v_descale);
   Tensor holders[4];
   const DecodeIndices ix{host_indices(cache_seqlens, holders[0]), host_indices(cache_batch_idx, holders[1]),
                          host_indices(cache_leftpad, holders[2]), host_indices(block_table, holders[3])};
@@ -117,7 +162,8 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
     rotary.cos = rotary.cos_t.const_data_ptr<double>();
     rotary.sin = rotary.sin_t.const_data_ptr<double>();
   }
-  if (k) append_new_tokens(s, k_cache, v_cache, *k, *v, ix, rotary);
+  const Descales k_scale = host_descales(k_descale), v_scale = host_descales(v_descale);
+  if (k) append_new_tokens(s, k_cache, v_cache, *k, *v, ix, rotary, k_scale, v_scale);
 
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Tensor qd = torch::stable::contiguous(as_double(q)), kd = as_double(k_cache), vd = as_double(v_cache);
@@ -146,6 +192,8 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / s.group();
       const ScoreMod& mod = mods[b * H + h];
+      // The cache's values stand for x * descale (1 for a 16-bit cache): per sequence and KV head.
+      const double k_factor = k_scale.at(s, b, hk), v_factor = v_scale.at(s, b, hk);
       for (int64_t t = 0; t < s.seqlen_q; ++t) {
         const double* qt = Q + ((b * s.seqlen_q + t) * H + h) * D;
         scores.clear();
@@ -158,7 +206,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
           const auto [page, slot] = s.key_location(ix.table, ix.batch_idx, b, j);
           const int64_t row = ((page * slots + slot) * HK + hk) * D;
           double score = 0;
-          for (int64_t d = 0; d < D; ++d) score += qt[d] * K[row + d];
+          for (int64_t d = 0; d < D; ++d) score += qt[d] * (K[row + d] * k_factor);
           score = mod.score(score * scale, t, j, diagonal);
           scores.push_back(score);
           v_rows.push_back(V + row);
@@ -173,7 +221,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
         double sum = head_sinks.empty() ? 0.0 : std::exp(sink - row_max);
         for (double& p : scores) sum += (p = std::exp(p - row_max));
         for (size_t j = 0; j < scores.size(); ++j) {
-          for (int64_t d = 0; d < D; ++d) ot[d] += scores[j] / sum * v_rows[j][d];
+          for (int64_t d = 0; d < D; ++d) ot[d] += scores[j] / sum * (v_rows[j][d] * v_factor);
         }
         *lt = row_max + std::log(sum);
       }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "attention/attention_variant.h"
+#include "common/fp8.h"
 #include "common/kernel_choice.h"
 #include "decode/decode_shape.h"
 #include "ops.h"
@@ -40,17 +41,57 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int
   return std::clamp<int64_t>(std::min(sms / programs, shortest), 1, kMaxAutoSplits);
 }
 
+// An FP8 cache read by the split kernel's exact-dim code (PAD_D 0) promises strides that are
+// multiples of 16 elements (16 bytes: its K rows load 16 FP8 values at a time, triton_src/decode.py
+// _wide_fp8_stride); every other cache, aligned_for_kernel's 8.
+bool meets_stride_multiple(const Tensor& t, int64_t multiple) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || t.stride(t.dim() - 1) != 1) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) % multiple != 0) return false;
+  }
+  return true;
+}
+
 // The kernels write the cache in place, so it cannot be swapped for an aligned copy the way
 // read-only inputs are (aligned_for_kernel); without an append it can.
-Tensor cache_for_kernel(const char* name, const Tensor& cache, bool written) {
+Tensor cache_for_kernel(const char* name, const Tensor& cache, bool written, int64_t stride_multiple) {
   Tensor aligned = aligned_for_kernel(cache);
+  if (!meets_stride_multiple(aligned, stride_multiple)) aligned = torch::stable::clone(torch::stable::contiguous(cache));
   if (written && aligned.data_ptr() != cache.data_ptr()) {
     std::string strides;
     for (int64_t d = 0; d < cache.dim(); ++d) strides += (d ? ", " : "") + std::to_string(cache.stride(d));
-    fail(kOp, name, " must start 16-byte aligned with strides that are multiples of 8 elements to be ",
-         "appended to in place; got strides [", strides, "]");
+    fail(kOp, name, " must start 16-byte aligned with strides that are multiples of ", stride_multiple,
+         " elements to be appended to in place; got strides [", strides, "]");
   }
   return aligned;
+}
+
+// An FP8 KV cache: the kernels are built for sm_89 and sm_90 only (aot_build/configs.json), whose
+// FP8 conversions they use. Checked before any write, naming the GPU and the code serving it.
+void check_fp8_arch(int device, ScalarType cache_dtype) {
+  const ArchChoice a = choose_arch(kOp, attn_decode_split::kId, attn_decode_split::kName, device);
+  if (a.arch == 89 || a.arch == 90) return;
+  const int device_arch = cuda::compute_capability(device);
+  if (device_arch == 89 || device_arch == 90) {
+    fail(kOp, "an FP8 KV cache (", dtype_name(cache_dtype), ") needs sm_89 or sm_90 kernels; cuda:", device,
+         " is sm_", device_arch, " but this build serves it with sm_", a.arch, " code. Rebuild with ",
+         "FATTN_CUDA_ARCHS including ", device_arch);
+  }
+  fail(kOp, "an FP8 KV cache (", dtype_name(cache_dtype), ") needs sm_89 or sm_90; this GPU (cuda:", device,
+       ") is sm_", device_arch);
+}
+
+// An FP8 cache's descale factors as the kernels read them: a pointer and (b, kv head) strides,
+// with use 0 and a placeholder pointer (never read: the factor is 1) when not given.
+struct DescaleArgs {
+  const void* ptr;
+  int64_t stride_b, stride_h;
+  int use;
+};
+
+DescaleArgs descale_args(const std::optional<Tensor>& descale, const Tensor& placeholder) {
+  if (!descale) return {placeholder.data_ptr(), 0, 0, 0};
+  return {descale->data_ptr(), kernel_stride(*descale, 0), kernel_stride(*descale, 1), 1};
 }
 
 // Where the cache's rows are: the tensors the kernels read, the block table's view and the
@@ -70,7 +111,7 @@ struct RotaryArgs {
 };
 
 void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const DecodeShape& s, const CacheView& c,
-            const RotaryArgs& r, const Tensor& k, const Tensor& v) {
+            const RotaryArgs& r, const Tensor& k, const Tensor& v, const DescaleArgs& kd, const DescaleArgs& vd) {
   const Tensor k_new = aligned_for_kernel(k), v_new = aligned_for_kernel(v);
   kernels::launch_kv_append(kernel, grid, {
       .KNew = k_new.data_ptr(), .VNew = v_new.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(),
@@ -82,7 +123,9 @@ void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const
       .stride_vb = kernel_stride(c.v, 0), .stride_vs = kernel_stride(c.v, 1), .stride_vh = kernel_stride(c.v, 2),
       .stride_tb = c.stride_tb, .page_size = s.page_size, .capacity = s.capacity, .head_dim = s.head_dim,
       .use_batch_idx = s.batch_idx ? 1 : 0, .stride_ro = r.stride, .seqlen_ro = s.seqlen_ro,
-      .rotary_dim = s.rotary_dim, .rotary_interleaved = s.rotary_interleaved ? 1 : 0});
+      .rotary_dim = s.rotary_dim, .rotary_interleaved = s.rotary_interleaved ? 1 : 0,
+      .KDescale = kd.ptr, .stride_kdb = kd.stride_b, .stride_kdh = kd.stride_h, .use_k_descale = kd.use,
+      .VDescale = vd.ptr, .stride_vdb = vd.stride_b, .stride_vdh = vd.stride_h, .use_v_descale = vd.use});
 }
 
 // FATTN_DEBUG_CHECKS=1 (read per call, so a test or a debugging session can flip it): the
@@ -113,22 +156,28 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                                             window_left, window_right, softcap, rotary_interleaved, alibi_slopes,
-                                            num_splits, sinks);
+                                            num_splits, sinks, k_descale, v_descale);
   if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX || s.seqlen_ro > INT32_MAX) {
     fail(kOp, "the cache holds ", s.capacity, " keys per sequence and rotary_cos ", s.seqlen_ro,
          " positions; at most 2^31 - 1 are supported");
   }
   if (debug_checks()) check_values_on_host(s, cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
   const int device = q.get_device_index();
+  // The kernels' element type is q's; an FP8 cache is reinterpreted by the KV_FP8 variants.
   const ScalarType dtype = q.scalar_type();
+  const int64_t fp8 = s.kv_fp8;
+  if (fp8 != 0) check_fp8_arch(device, k_cache.scalar_type());
   // The row tile: narrow for decoding (0); wide for longer query chunks, with the softcap and
   // ALiBi code only when one of them is on (2), else without (1). The narrow tile serves any
-  // length, and does where the build has no wide tile (sm_75: configs.json "exclude").
-  const int64_t wide = s.seqlen_q <= kDecodeQueriesPerNarrowTile ? 0 : (softcap > 0 || alibi_slopes) ? 2 : 1;
-  const auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .WIDE = wide},
-                                                  {.PAGED = s.paged, .WIDE = 0});
+  // length, and does where the build has no wide tile (sm_75, and FP8 caches: configs.json "exclude").
+  const int64_t wide =
+      s.seqlen_q <= kDecodeQueriesPerNarrowTile || fp8 != 0 ? 0 : (softcap > 0 || alibi_slopes) ? 2 : 1;
+  const auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
+                                                  {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8},
+                                                  {.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8});
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
-  const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged});
+  const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .KV_FP8 = fp8});
+  const int64_t cache_stride_multiple = fp8 != 0 && split.constant(attn_decode_split::PAD_D) == 0 ? 16 : 8;
   const auto rotate = choose<rotate_queries>(kOp, device, dtype, s.head_dim, {});
   const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
   const int64_t row_tiles = (s.seqlen_q * s.group() + block_m - 1) / block_m;
@@ -149,7 +198,8 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   if (s.batch == 0) return {out, lse};
 
   q = aligned_for_kernel(q);
-  CacheView c{cache_for_kernel("k_cache", k_cache, k.has_value()), cache_for_kernel("v_cache", v_cache, k.has_value()),
+  CacheView c{cache_for_kernel("k_cache", k_cache, k.has_value(), cache_stride_multiple),
+              cache_for_kernel("v_cache", v_cache, k.has_value(), cache_stride_multiple),
               Tensor(), block_table ? block_table->data_ptr() : nullptr, block_table ? block_table->stride(0) : 0,
               nullptr};
   if (cache_seqlens) {
@@ -167,7 +217,9 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const Tensor cos = rotary_cos ? torch::stable::contiguous(*rotary_cos) : q;
   const Tensor sin = rotary_sin ? torch::stable::contiguous(*rotary_sin) : q;
   const RotaryArgs rotary{cos.data_ptr(), sin.data_ptr(), rotary_cos ? cos.stride(0) : 0};
-  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, rotary, *k, *v);
+  // Placeholders point at lse (float32, never read: use 0).
+  const DescaleArgs kd = descale_args(k_descale, lse), vd = descale_args(v_descale, lse);
+  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, rotary, *k, *v, kd, vd);
   if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
   if (s.rotary_dim > 0) {  // q rotated into a contiguous copy, which the split kernel then reads
     Tensor q_rot = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
@@ -204,7 +256,9 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
       .Alibi = alibi_slopes ? alibi_slopes->data_ptr() : lse.data_ptr(), .stride_alibib = alibi_stride_b(alibi_slopes),
       .stride_alibih = alibi_stride_h(alibi_slopes), .use_alibi = alibi_slopes ? 1 : 0,
       .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2, .Sinks = sink_args.sinks,
-      .use_sinks = sink_args.use_sinks, .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0});
+      .use_sinks = sink_args.use_sinks, .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0,
+      .KDescale = kd.ptr, .stride_kdb = kd.stride_b, .stride_kdh = kd.stride_h, .use_k_descale = kd.use,
+      .VDescale = vd.ptr, .stride_vdb = vd.stride_b, .stride_vdh = vd.stride_h, .use_v_descale = vd.use});
   if (splits > 1) {
     kernels::launch_attn_decode_merge(merge, merge_grid, {
         .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),

@@ -1,6 +1,7 @@
 #include "decode/decode_shape.h"
 
 #include "attention/attention_variant.h"
+#include "common/fp8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,7 +32,7 @@ void check_caches(const char* op, const Tensor& q, const Tensor& k_cache, const 
            "page_size, kv_heads, head_dim] with block_table), got shape ", shape_of(c));
     }
     check_same_device(op, names[i], c, "q", q);
-    check_same_dtype(op, names[i], c, "q", q);
+    if (!is_fp8(k_cache.scalar_type()) && !is_fp8(v_cache.scalar_type())) check_same_dtype(op, names[i], c, "q", q);
     if (c.size(3) != s.head_dim) fail(op, names[i], " has head_dim ", c.size(3), " but q has ", s.head_dim);
     check_last_dim_contiguous(op, names[i], c);
   }
@@ -41,6 +42,28 @@ void check_caches(const char* op, const Tensor& q, const Tensor& k_cache, const 
   }
   s.kv_heads = k_cache.size(2);
   check_head_groups(op, s.heads, s.kv_heads, "k_cache and v_cache");
+}
+
+// An FP8 KV cache: both caches in one FP8 format (q and the new tokens keep their 16-bit dtype),
+// and the descale factors only with it.
+void check_fp8_caches(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      const std::optional<Tensor>& k_descale, const std::optional<Tensor>& v_descale,
+                      DecodeShape& s) {
+  const ScalarType kt = k_cache.scalar_type(), vt = v_cache.scalar_type();
+  if ((is_fp8(kt) || is_fp8(vt)) && kt != vt) {
+    fail(op, "k_cache has dtype ", dtype_name(kt), " but v_cache has ", dtype_name(vt),
+         "; an FP8 KV cache has both caches in the same FP8 dtype (float8_e4m3fn or float8_e5m2)");
+  }
+  s.kv_fp8 = fp8_flag(kt);
+  const char* names[] = {"k_descale", "v_descale"};
+  const std::optional<Tensor>* given[] = {&k_descale, &v_descale};
+  for (int i = 0; i < 2; ++i) {
+    if (given[i]->has_value() && s.kv_fp8 == 0) {
+      fail(op, names[i], " is given but the caches have dtype ", dtype_name(kt), "; descale factors go with an FP8 ",
+           "KV cache (float8_e4m3fn or float8_e5m2)");
+    }
+    check_descale(op, names[i], *given[i], s.batch, s.kv_heads, 0, q);
+  }
 }
 
 // cache_batch_idx and cache_leftpad: int32 [batch] on q's device.
@@ -197,10 +220,12 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                 int64_t window_right, double softcap, bool rotary_interleaved,
                                 const std::optional<Tensor>& alibi_slopes, int64_t num_splits,
-                                const std::optional<Tensor>& sinks) {
+                                const std::optional<Tensor>& sinks, const std::optional<Tensor>& k_descale,
+                                const std::optional<Tensor>& v_descale) {
   DecodeShape s{};
   check_query(op, q, s);
   check_caches(op, q, k_cache, v_cache, s);
+  check_fp8_caches(op, q, k_cache, v_cache, k_descale, v_descale, s);
   check_row_indices(op, q, cache_batch_idx, cache_leftpad, block_table, s);
   check_pages(op, q, k_cache, block_table, s);
   check_new_tokens(op, q, k, v, cache_seqlens, s);

@@ -23,6 +23,10 @@ struct DecodeShape {
   int64_t pages_per_seq;
   bool batch_idx;       // cache_batch_idx given: sequence b uses cache row cache_batch_idx[b]
   bool leftpad;         // cache_leftpad given: keys before cache_leftpad[b] are not attended to
+  // The caches' FP8 format as the kernels' KV_FP8 flag (fp8_flag: 0 for a cache in q's dtype, 1
+  // e4m3fn, 2 e5m2). An FP8 cache value stands for x_fp8 * descale[b, kv_head] (k_descale,
+  // v_descale: float32 [batch, kv_heads], 1 where not given), the new tokens being quantized.
+  int64_t kv_fp8;
   // Rotary embedding (rotary_cos/sin [seqlen_ro, rotary_dim / 2]); rotary_dim 0 means none.
   int64_t rotary_dim, seqlen_ro;
   bool rotary_interleaved;
@@ -55,7 +59,8 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
                                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                 int64_t window_right, double softcap, bool rotary_interleaved,
                                 const std::optional<Tensor>& alibi_slopes, int64_t num_splits,
-                                const std::optional<Tensor>& sinks);
+                                const std::optional<Tensor>& sinks, const std::optional<Tensor>& k_descale,
+                                const std::optional<Tensor>& v_descale);
 
 // The device values, as contiguous int32 data on the host (any may be null when not given).
 struct DecodeIndices {

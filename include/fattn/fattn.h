@@ -122,6 +122,12 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
 // forces it (same result within rounding); CPU ignores it. On CUDA the device values are not
 // checked (it needs a host sync; FATTN_DEBUG_CHECKS=1 does it): an append past the capacity is
 // dropped and the sequence clamped to capacity. The CPU implementation checks them all.
+//
+// FP8 KV cache: k_cache and v_cache may both be float8_e4m3fn or both float8_e5m2 (q, k, v stay
+// float16/bfloat16; CUDA needs sm_89 or sm_90). A cache value stands for x_fp8 * descale[b, h]
+// with k_descale / v_descale float32 [batch, kv_heads] (indexed by the sequence b, not its cache
+// row; nullopt means 1), and appended tokens are stored quantized: x / descale rounded to
+// nearest even, saturated to the format's largest finite value (after the rotary embedding).
 inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::Tensor& k_cache,
                                                  const at::Tensor& v_cache,
                                                  const std::optional<at::Tensor>& k = std::nullopt,
@@ -138,7 +144,9 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
                                                  bool rotary_interleaved = true,
                                                  const std::optional<at::Tensor>& alibi_slopes = std::nullopt,
                                                  int64_t num_splits = 0,
-                                                 const std::optional<at::Tensor>& sinks = std::nullopt) {
+                                                 const std::optional<at::Tensor>& sinks = std::nullopt,
+                                                 const std::optional<at::Tensor>& k_descale = std::nullopt,
+                                                 const std::optional<at::Tensor>& v_descale = std::nullopt) {
   detail::keep_library_linked();
   // Schema: decode(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None,
   //                Tensor? v=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None,
@@ -146,8 +154,8 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
   //                Tensor? cache_leftpad=None, Tensor? block_table=None,
   //                float? softmax_scale=None, bool causal=False, int window_left=-1,
   //                int window_right=-1, float softcap=0.0, bool rotary_interleaved=True,
-  //                Tensor? alibi_slopes=None, int num_splits=0, Tensor? sinks=None)
-  //                -> (Tensor out, Tensor lse)
+  //                Tensor? alibi_slopes=None, int num_splits=0, Tensor? sinks=None,
+  //                Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor out, Tensor lse)
   // The mutable Tensor(a!) arguments are at::Tensor& in the typed signature, as in ATen's
   // generated operators. A const at::Tensor& is taken here so that views (cache slices) can
   // be passed; the handle is not reseated, only the storage it points to is written, the
@@ -164,10 +172,12 @@ inline std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::
               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
               const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool,
-              const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&)>();
+              const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
   return op.call(q, const_cast<at::Tensor&>(k_cache), const_cast<at::Tensor&>(v_cache), k, v, rotary_cos,
                  rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                 window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits, sinks);
+                 window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits, sinks,
+                 k_descale, v_descale);
 }
 
 }  // namespace fattn

@@ -8,11 +8,11 @@ import torch
 
 from ._checks import (
     check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_index_tensor,
-    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_sinks, check_softcap, fail,
-    lse_dtype,
-    shape_of, window_pair,
+    check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_sinks, check_softcap,
+    dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from ._library import load_library
+from .fp8 import FP8_DTYPES
 
 load_library()
 _decode_op = torch.ops.fattn.decode.default
@@ -43,6 +43,8 @@ def flash_attn_with_kvcache(
     *,
     return_lse: bool = False,
     sinks: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """Attention of new query tokens over a KV cache (flash decoding; chunked prefill for longer
     query chunks), with flash-attn 2.8's parameters in its positional order (fattn's extras are
@@ -89,6 +91,13 @@ def flash_attn_with_kvcache(
         return_lse: (keyword) the same, fattn's name for it elsewhere.
         sinks: (keyword) float32 [heads]: one logit per head in every row's denominator, as
            in flash_attn_func (counted once, whatever num_splits is).
+        k_descale, v_descale: (keyword) float32 [batch, kv_heads], only with an FP8 cache:
+           k_cache and v_cache both torch.float8_e4m3fn or both torch.float8_e5m2 (q, k and v
+           stay float16/bfloat16; CUDA needs sm_89 or sm_90). A cache value of sequence b, KV
+           head h stands for x_fp8 * descale[b, h] (b is the sequence, not its cache row:
+           FlashAttention-3's convention); None means 1. New k/v (after the rotary embedding)
+           are stored as x / descale rounded to nearest even, saturated to the format's largest
+           finite value (fattn.quantize_fp8 makes such a cache and its descales).
 
     Returns:
         out [batch, seqlen_q, heads, head_dim] in q's dtype, or (out, lse). Rows that see
@@ -107,7 +116,7 @@ def flash_attn_with_kvcache(
         check_caches_can_take_the_append(k_cache, v_cache)
     out, lse = _decode_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                           cache_leftpad, block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved,
-                          alibi_slopes, num_splits, sinks)
+                          alibi_slopes, num_splits, sinks, k_descale, v_descale)
     return (out, lse) if return_lse or return_softmax_lse else out
 
 
@@ -129,10 +138,12 @@ def _check_q(q):
 
 
 def _check_caches(q, k_cache, v_cache):
+    fp8 = k_cache.dtype in FP8_DTYPES or v_cache.dtype in FP8_DTYPES
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_rank(_OP, name, c, 4, _CACHE_LAYOUT)
         check_same_device(_OP, name, c, "q", q)
-        check_same_dtype(_OP, name, c, "q", q)
+        if not fp8:
+            check_same_dtype(_OP, name, c, "q", q)
         if c.shape[3] != q.shape[3]:
             fail(_OP, name, " has head_dim ", c.shape[3], " but q has ", q.shape[3])
         check_last_dim_contiguous(_OP, name, c)
@@ -140,6 +151,26 @@ def _check_caches(q, k_cache, v_cache):
         fail(_OP, "v_cache has shape ", shape_of(v_cache), " but k_cache has ", shape_of(k_cache),
              "; they must have the same shape")
     check_head_groups(_OP, q.shape[2], k_cache.shape[2], "k_cache and v_cache")
+
+
+def _check_fp8_caches(q, k_cache, v_cache, k_descale, v_descale):
+    """decode_shape.cpp's check_fp8_caches: both caches in one FP8 dtype, descales only with them
+    (common/fp8.cpp's check_descale: float32 [batch, kv_heads] on q's device)."""
+    if (k_cache.dtype in FP8_DTYPES or v_cache.dtype in FP8_DTYPES) and k_cache.dtype != v_cache.dtype:
+        fail(_OP, "k_cache has dtype ", dtype_name(k_cache.dtype), " but v_cache has ", dtype_name(v_cache.dtype),
+             "; an FP8 KV cache has both caches in the same FP8 dtype (float8_e4m3fn or float8_e5m2)")
+    batch, kv_heads = q.shape[0], k_cache.shape[2]
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            continue
+        if k_cache.dtype not in FP8_DTYPES:
+            fail(_OP, name, " is given but the caches have dtype ", dtype_name(k_cache.dtype), "; descale factors go ",
+                 "with an FP8 KV cache (float8_e4m3fn or float8_e5m2)")
+        check_same_device(_OP, name, t, "q", q)
+        if t.dtype != torch.float32:
+            fail(_OP, name, " has dtype ", dtype_name(t.dtype), "; expected float32")
+        if t.dim() != 2 or t.shape[0] != batch or t.shape[1] != kv_heads:
+            fail(_OP, name, " has shape ", shape_of(t), "; expected [batch, kv_heads] = [", batch, ", ", kv_heads, "]")
 
 
 def _check_row_indices(q, cache_batch_idx, cache_leftpad, block_table):
@@ -260,9 +291,10 @@ def _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks):
 def _decode_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                  cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                  window_left=-1, window_right=-1, softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
-                 num_splits=0, sinks=None):
+                 num_splits=0, sinks=None, k_descale=None, v_descale=None):
     _check_q(q)
     _check_caches(q, k_cache, v_cache)
+    _check_fp8_caches(q, k_cache, v_cache, k_descale, v_descale)
     _check_row_indices(q, cache_batch_idx, cache_leftpad, block_table)
     capacity = _check_layout(q, k_cache, block_table, cache_batch_idx)
     _check_new_tokens(q, k_cache, k, v, cache_seqlens, capacity)

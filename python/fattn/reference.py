@@ -115,10 +115,34 @@ def rotary_reference(x, cos, sin, positions, interleaved, dtype=torch.float64):
     return torch.cat([turned, tail], dim=-1)
 
 
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def quantize_kv(x, descale, dtype):
+    """New tokens x [batch, seqlen, kv_heads, head_dim] as an FP8 cache of `dtype` stores them:
+    x / descale[b, h] (float64; descale float32 [batch, kv_heads], None for 1) rounded to nearest
+    even and saturated to the format's largest finite value.
+
+    torch converts float64 to FP8 through float32, two roundings that can meet an FP8 tie the
+    float64 value is not on; the float32 step is made round-to-odd here (an inexact value takes
+    the odd one of its two float32 neighbours), which makes the pair one correct rounding."""
+    y = x.double()
+    if descale is not None:
+        y = y / descale.double()[:, None, :, None]
+    f = y.float()
+    bits = f.view(torch.int32)
+    beyond = y.abs() > f.double().abs()  # y lies past f, away from zero
+    inexact = (f.double() != y) & (f != 0) & torch.isfinite(f)
+    bits = torch.where(inexact & ((bits & 1) == 0), torch.where(beyond, bits + 1, bits - 1), bits)
+    limit = torch.finfo(dtype).max
+    return bits.view(torch.float32).clamp(-limit, limit).to(dtype)
+
+
 def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
                       causal=False, window_size=(-1, -1), softcap=0.0, k=None, v=None,
                       dtype=torch.float64, alibi_slopes=None, sinks=None, rotary_cos=None, rotary_sin=None,
-                      rotary_interleaved=True, cache_batch_idx=None, cache_leftpad=None, rotated_q_dtype=None):
+                      rotary_interleaved=True, cache_batch_idx=None, cache_leftpad=None, rotated_q_dtype=None,
+                      k_descale=None, v_descale=None):
     """(out, lse) of decoding over a KV cache (fattn.flash_attn_with_kvcache), computed in `dtype`.
 
     Plain PyTorch, one sequence at a time (their lengths differ). The caches are never modified:
@@ -140,6 +164,11 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     cache_seqlens[b] for every t otherwise (rotary_reference), rounded to q's dtype, or to
     rotated_q_dtype where given: the op rounds them to its q's dtype, so a float64 reference of a
     bf16 call passes q.double() and rotated_q_dtype=torch.bfloat16.
+
+    An FP8 cache (float8_e4m3fn / float8_e5m2) holds values that stand for x * descale[b, h]
+    (k_descale / v_descale float32 [batch, kv_heads], indexed by the sequence b; None for 1): its
+    keys and values are dequantized in float64, and the new tokens (rotated in float64 first)
+    enter it as quantize_kv stores them.
     """
     out_dtype = q.dtype
     batch, seqlen_q, heads, head_dim = q.shape
@@ -172,14 +201,25 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     if rotary_cos is not None:
         cached = torch.tensor(lengths, device=q.device)[:, None]
         if seqlen_new:
-            # The append stores the rotated keys in the cache's dtype.
+            # The append stores the rotated keys in the cache's dtype (an FP8 cache's: below).
             k = rotary_reference(k, rotary_cos, rotary_sin, cached + torch.arange(seqlen_new, device=q.device),
-                                 rotary_interleaved).to(k_cache.dtype)
+                                 rotary_interleaved)
+            if k_cache.dtype not in _FP8_DTYPES:
+                k = k.to(k_cache.dtype)
         steps = torch.arange(seqlen_q, device=q.device) if per_token else torch.zeros(seqlen_q, dtype=torch.long,
                                                                                        device=q.device)
         # The rotated queries are operands in q's dtype, as the rotated keys are stored in the cache's.
         q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype).to(
             rotated_q_dtype or out_dtype)
+
+    fp8 = k_cache.dtype in _FP8_DTYPES
+    if fp8 and seqlen_new:
+        k, v = quantize_kv(k, k_descale, k_cache.dtype), quantize_kv(v, v_descale, v_cache.dtype)
+
+    def dequantized(x, descale, b):  # [keys, kv_heads, head_dim] of sequence b, in float64 for FP8
+        if not fp8:
+            return x
+        return x.double() * (1.0 if descale is None else descale[b].double()[None, :, None])
 
     outs, lses = [], []
     for b in range(batch):
@@ -193,8 +233,10 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
             keys = k_cache[pages].flatten(0, 1)[:lengths[b]]  # a gathered copy
             values = v_cache[pages].flatten(0, 1)[:lengths[b]]
         if seqlen_new:  # the op's append, on copies
-            keys = torch.cat([keys, k[b]], dim=0)
-            values = torch.cat([values, v[b]], dim=0)
+            keys = torch.cat([dequantized(keys, k_descale, b), dequantized(k[b], k_descale, b)], dim=0)
+            values = torch.cat([dequantized(values, v_descale, b), dequantized(v[b], v_descale, b)], dim=0)
+        else:
+            keys, values = dequantized(keys, k_descale, b), dequantized(values, v_descale, b)
         keys = keys.to(dtype)
         values = values.to(dtype)
         qb = q[b].to(dtype).reshape(seqlen_q, kv_heads, group, head_dim)

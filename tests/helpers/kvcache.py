@@ -12,6 +12,17 @@ from fattn.reference import kvcache_reference, rotary_reference
 from .common import expected_lse_dtype
 
 CACHE_LAYOUTS = ("contiguous", "fused", "transposed")
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def cache_randn(*shape, dtype, device):
+    """Random cache contents; an FP8 cache's over a few binades more than randn's (magnitudes from
+    e4m3's subnormals to a few tens), torch rounding them."""
+    if dtype in FP8_DTYPES:
+        values = torch.randn(*shape, device=device) * torch.exp2(torch.randint(-3, 3, shape, device=device).float())
+        limit = torch.finfo(dtype).max
+        return values.clamp(-limit, limit).to(dtype)
+    return torch.randn(*shape, dtype=dtype, device=device)
 
 
 class KVCache:
@@ -48,11 +59,11 @@ class KVCache:
             self.block_table = perm.view(batch, pages_per_seq).to(torch.int32)
             self.capacity = pages_per_seq * page_size
         if layout == "contiguous":
-            self.bases = [torch.randn(*lead, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(2)]
+            self.bases = [cache_randn(*lead, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(2)]
         elif layout == "fused":
-            self.bases = [torch.randn(*lead, 2 * kv_heads, head_dim + 8, dtype=dtype, device=device)]
+            self.bases = [cache_randn(*lead, 2 * kv_heads, head_dim + 8, dtype=dtype, device=device)]
         elif layout == "transposed":
-            self.bases = [torch.randn(lead[1], lead[0], kv_heads, head_dim, dtype=dtype, device=device)
+            self.bases = [cache_randn(lead[1], lead[0], kv_heads, head_dim, dtype=dtype, device=device)
                           for _ in range(2)]
         else:
             raise ValueError(layout)
@@ -103,6 +114,8 @@ class KVCache:
         (within atol: a rotated key computed in fp32 may round differently from the reference's)."""
         expected = self.expected_after_append(snapshot, k, v, cache_seqlens)
         for got, want in zip(self.bases, expected):
+            if got.dtype in FP8_DTYPES:  # bit patterns (FP8 has no arithmetic to compare with)
+                got, want = got.view(torch.uint8), want.view(torch.uint8)
             if not (torch.equal(got, want) if atol == 0 else torch.allclose(got, want, rtol=0, atol=atol)):
                 changed = (got != want).flatten(-2).any(-1).nonzero()[:8].tolist()
                 raise AssertionError(f"{what}: cache contents differ from the expected append at "

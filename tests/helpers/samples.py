@@ -8,7 +8,8 @@ cover GQA and MQA, seqlen_q above and below seqlen_k, causal rows that see no ke
 strided views, an explicit softmax scale, empty sequences, sliding windows (rows outside
 every window), softcaps and ALiBi slopes of both shapes, alone and composed; the backward samples the
 same with and without dlse and with a strided dout; the decode samples every cache
-layout, paging, the append, windows, softcap, split counts and sequences with no key; the
+layout, paging, the append, windows, softcap, split counts and sequences with no key, and FP8
+caches with and without descales (where the device has FP8 kernels); the
 merge samples partials and rows that saw no key, strided inputs and an empty batch.
 """
 
@@ -255,6 +256,47 @@ def decode_samples(device, dtype):
                             sinks_for(4, device) if options.get("sinks") else None))
 
 
+# FP8 KV caches: name, cache dtype, page_size, storage layout, new tokens, descales given ("kv",
+# "k" or ""), options (as DECODE_CASES'); q [2, 3, 4, 16] in the sample's dtype.
+FP8_DECODE_CASES = [
+    ("fp8-e4m3-fused-paged16-append3-descales", torch.float8_e4m3fn, 16, "fused", 3, "kv", {}),
+    ("fp8-e5m2-contiguous-append2-rotary-k-descale", torch.float8_e5m2, None, "contiguous", 2, "k",
+     dict(rotary="interleaved")),
+    ("fp8-e4m3-transposed-no-append-no-descale-splits3", torch.float8_e4m3fn, None, "transposed", 0, "",
+     dict(num_splits=3, softcap=2.0)),
+]
+
+
+def fp8_kernels_on(device):
+    """The CPU op takes FP8 caches everywhere; CUDA on sm_89 and sm_90 (aot_build/configs.json)."""
+    return device == "cpu" or torch.cuda.get_device_capability(device) in ((8, 9), (9, 0))
+
+
+def fp8_decode_samples(device, dtype):
+    """fattn::decode with FP8 caches: decode's arguments and k_descale, v_descale."""
+    for name, cache_dtype, page_size, layout, seqlen_new, descales, options in FP8_DECODE_CASES:
+        q = torch.randn(2, 3, 4, 16, dtype=dtype, device=device)
+        cache = KVCache(2, 40, 2, 16, cache_dtype, device, page_size=page_size, layout=layout)
+        k, v = new_tokens(2, seqlen_new, 2, 16, dtype, device)
+        cos = sin = None
+        if "rotary" in options:
+            angles = 6.3 * torch.rand(cache.capacity, 4, dtype=torch.float64, device=device)
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        k_descale = 0.05 + torch.rand(2, 2, device=device) if "k" in descales else None
+        # a strided view: descales may have any strides
+        v_descale = (0.05 + torch.rand(2, 2, device=device)).t().contiguous().t() if "v" in descales else None
+        yield Sample(name, (q, cache.k_cache, cache.v_cache, k, v, cos, sin, seqlens_tensor([5, 33], device), None,
+                            None, cache.block_table, None, True, -1, -1, options.get("softcap", 0.0),
+                            options.get("rotary") == "interleaved", None, options.get("num_splits", 0), None,
+                            k_descale, v_descale))
+
+
+def all_decode_samples(device, dtype):
+    yield from decode_samples(device, dtype)
+    if fp8_kernels_on(device):
+        yield from fp8_decode_samples(device, dtype)
+
+
 def merge_samples(device, dtype):
     """fattn::merge_attention_states(outs, lses) with partials of `dtype`."""
     def partials(splits, batch, seqlen_q, heads, head_dim):
@@ -326,7 +368,7 @@ def varlen_backward_samples(device, dtype):
                                    scale, causal, deterministic, *variant[:4], *variant[5:7]))
 
 
-SAMPLE_INPUTS = {"forward": forward_samples, "backward": backward_samples, "decode": decode_samples,
+SAMPLE_INPUTS = {"forward": forward_samples, "backward": backward_samples, "decode": all_decode_samples,
                  "merge": merge_samples, "varlen_forward": varlen_forward_samples,
                  "varlen_backward": varlen_backward_samples}
 OPS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE, "merge": MERGE, "varlen_forward": VARLEN_FORWARD,

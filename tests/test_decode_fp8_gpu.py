@@ -87,9 +87,10 @@ def test_fp8_long_cache_gqa_d128(cache_dtype, page_size):
 
 @requires_fp8
 def test_fp8_misaligned_view_is_copied_when_read_and_refused_when_appended():
-    """An FP8 cache whose token stride is 8 bytes (not 16) still reads correctly at d128 (the
-    exact-dim code's 16-byte promise is kept by a copy); appending to it in place is refused
-    before any write."""
+    """FP8 caches whose token strides are not multiples of 16 bytes read correctly at d128 (the
+    padded code serves them: the exact-dim code promises 16-byte strides), and one that does not
+    start 16-byte aligned (v_cache here, 8 bytes into the buffer) is read through an aligned copy;
+    appending to that one in place is refused before any write."""
     batch, kv_heads, d = 2, 1, 128
     base = torch.randn(batch, 64, kv_heads, d + 8, device=DEV).to(E4M3)
     k_cache, v_cache = base[..., :d], base[..., 8:]
@@ -103,8 +104,8 @@ def test_fp8_misaligned_view_is_copied_when_read_and_refused_when_appended():
     assert (out.double().cpu() - want).abs().max().item() < 2e-2
     before = base.view(torch.uint8).clone()
     k = torch.randn(batch, 1, kv_heads, d, dtype=torch.bfloat16, device=DEV)
-    with pytest.raises(RuntimeError, match=r"fattn\.decode: k_cache must start 16-byte aligned with strides that "
-                                           r"are multiples of 16 elements"):
+    with pytest.raises(RuntimeError, match=r"fattn\.decode: v_cache must start 16-byte aligned with strides that "
+                                           r"are multiples of 8 elements"):
         fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=k, cache_seqlens=lengths, k_descale=descale,
                                       v_descale=descale)
     assert torch.equal(base.view(torch.uint8), before)

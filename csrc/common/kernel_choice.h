@@ -32,12 +32,13 @@ runtime::DType kernel_dtype(ScalarType dtype);
 [[noreturn]] void fail_no_variant(const char* op, const char* kernel, int arch, runtime::DType dtype, int bucket);
 
 // The variant of K with `flags` in head_dim's bucket. A head dim that fills its bucket runs the
-// exact-dim code (PAD_D off) where the build has it, else the padded code, which serves every
-// head dim of its bucket (configs.json builds only the padded code of the large families).
+// exact-dim code (PAD_D off) where the build has it and `exact_dim` allows it, else the padded
+// code, which serves every head dim of its bucket (configs.json builds only the padded code of
+// the large families).
 template <typename K>
 const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DType dtype, int bucket,
-                                              int64_t head_dim, const typename K::Flags& flags) {
-  const bool pad = bucket != head_dim;
+                                              int64_t head_dim, const typename K::Flags& flags, bool exact_dim) {
+  const bool pad = bucket != head_dim || !exact_dim;
   const runtime::KernelEntry* entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad));
   if (entry == nullptr && !pad) entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, true));
   return entry;
@@ -48,16 +49,17 @@ const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DTyp
 // from the smallest bucket holding head_dim that has any of them: a bucket may exist for some
 // flags only (attn_fwd's 96 and 192 and attn_bwd_dkdv's 96, in the Hopper kernels alone), and a
 // larger one serves its head dims too.
+// exact_dim false: the padded code only (a caller whose tensors break the exact-dim code's promises).
 template <typename K>
 runtime::Variant<K> choose_first(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
-                                 std::initializer_list<typename K::Flags> preferences) {
+                                 std::initializer_list<typename K::Flags> preferences, bool exact_dim = true) {
   const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
   const runtime::DType dtype = kernel_dtype(scalar_type);
   const int smallest = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
   for (int bucket : runtime::built_buckets(K::kId, a.arch, dtype)) {
     if (bucket < smallest) continue;
     for (const typename K::Flags& flags : preferences) {
-      const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags);
+      const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags, exact_dim);
       if (entry != nullptr) return {{entry, device, a.from_ptx}};
     }
   }
@@ -67,8 +69,9 @@ runtime::Variant<K> choose_first(const char* op, int device, ScalarType scalar_t
 // The variant with `flags` if the build has it, else with `fallback` (choose_first).
 template <typename K>
 runtime::Variant<K> choose_or(const char* op, int device, ScalarType scalar_type, int64_t head_dim,
-                              const typename K::Flags& flags, const typename K::Flags& fallback) {
-  return choose_first<K>(op, device, scalar_type, head_dim, {flags, fallback});
+                              const typename K::Flags& flags, const typename K::Flags& fallback,
+                              bool exact_dim = true) {
+  return choose_first<K>(op, device, scalar_type, head_dim, {flags, fallback}, exact_dim);
 }
 
 template <typename K>

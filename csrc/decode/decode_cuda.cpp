@@ -172,9 +172,12 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   // length, and does where the build has no wide tile (sm_75, and FP8 caches: configs.json "exclude").
   const int64_t wide =
       s.seqlen_q <= kDecodeQueriesPerNarrowTile || fp8 != 0 ? 0 : (softcap > 0 || alibi_slopes) ? 2 : 1;
+  // The FP8 exact-dim code promises 16-element cache strides; a cache without them (a fused or
+  // padded view) runs the padded code rather than a copy of the whole cache per call.
+  const bool exact_dim = fp8 == 0 || (meets_stride_multiple(k_cache, 16) && meets_stride_multiple(v_cache, 16));
   const auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
                                                   {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8},
-                                                  {.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8});
+                                                  {.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8}, exact_dim);
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
   const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .KV_FP8 = fp8});
   const int64_t cache_stride_multiple = fp8 != 0 && split.constant(attn_decode_split::PAD_D) == 0 ? 16 : 8;

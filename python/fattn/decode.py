@@ -12,7 +12,7 @@ from ._checks import (
     dtype_name, fail, lse_dtype, shape_of, window_pair,
 )
 from ._library import load_library
-from .fp8 import FP8_DTYPES
+from .fp8 import FP8_DTYPES, check_descale
 
 load_library()
 _decode_op = torch.ops.fattn.decode.default
@@ -166,11 +166,7 @@ def _check_fp8_caches(q, k_cache, v_cache, k_descale, v_descale):
         if k_cache.dtype not in FP8_DTYPES:
             fail(_OP, name, " is given but the caches have dtype ", dtype_name(k_cache.dtype), "; descale factors go ",
                  "with an FP8 KV cache (float8_e4m3fn or float8_e5m2)")
-        check_same_device(_OP, name, t, "q", q)
-        if t.dtype != torch.float32:
-            fail(_OP, name, " has dtype ", dtype_name(t.dtype), "; expected float32")
-        if t.dim() != 2 or t.shape[0] != batch or t.shape[1] != kv_heads:
-            fail(_OP, name, " has shape ", shape_of(t), "; expected [batch, kv_heads] = [", batch, ", ", kv_heads, "]")
+        check_descale(_OP, name, t, batch, kv_heads, 0, q)
 
 
 def _check_row_indices(q, cache_batch_idx, cache_leftpad, block_table):

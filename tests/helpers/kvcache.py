@@ -30,8 +30,10 @@ class KVCache:
     [num_pages, page_size, kv_heads, d] with a shuffled block_table, stored in one of
     CACHE_LAYOUTS:
       contiguous: k_cache and v_cache are their own contiguous tensors;
-      fused: both are views of one [.., .., 2 * kv_heads, d + 8] buffer (padded rows, head and
-             token strides that are not the views' own sizes);
+      fused: both are views of one [.., .., 2 * kv_heads, d + pad] buffer (padded rows, head and
+             token strides that are not the views' own sizes; pad is 16 bytes, 8 elements of a 16-bit
+             cache and 16 of an FP8 one, so that v_cache starts 16-byte aligned, as the kernels
+             writing a cache in place need);
       transposed: each is the transpose of a [.., .., kv_heads, d] buffer stored token-major
              (dim 0 stride smaller than dim 1's).
     `bases` are the tensors that own the memory: the append must change nothing else in them.
@@ -61,7 +63,8 @@ class KVCache:
         if layout == "contiguous":
             self.bases = [cache_randn(*lead, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(2)]
         elif layout == "fused":
-            self.bases = [cache_randn(*lead, 2 * kv_heads, head_dim + 8, dtype=dtype, device=device)]
+            self.pad = 16 // torch.empty(0, dtype=dtype).element_size()
+            self.bases = [cache_randn(*lead, 2 * kv_heads, head_dim + self.pad, dtype=dtype, device=device)]
         elif layout == "transposed":
             self.bases = [cache_randn(lead[1], lead[0], kv_heads, head_dim, dtype=dtype, device=device)
                           for _ in range(2)]
@@ -77,7 +80,7 @@ class KVCache:
             return bases[0], bases[1]
         if self.layout == "fused":
             kv, d = self.kv_heads, self.head_dim
-            return bases[0][:, :, :kv, :d], bases[0][:, :, kv:, 8:]
+            return bases[0][:, :, :kv, :d], bases[0][:, :, kv:, self.pad:]
         return bases[0].transpose(0, 1), bases[1].transpose(0, 1)
 
     def snapshot(self):

@@ -125,6 +125,40 @@ def test_fp8_long_calls_run_the_expected_kernel(d, kernel):
     _check(case, torch.float8_e4m3fn, causal=False)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a CUDA GPU of sm_90 (the Hopper kernel)")
+def test_fp8_rows_tma_cannot_read_run_attn_fwd():
+    """d120 FP8 rows are 120 bytes: odd heads start 8 bytes off 16, which TMA refuses, so a long
+    call that would run the Hopper kernel runs attn_fwd, and is right."""
+    case = (1, 2048, 2048, 3, 3, 120)
+    q, k, v, qd, kd, vd = fp8_qkv(*case, torch.float8_e4m3fn, "cuda")
+    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd))
+    assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
+    _check(case, torch.float8_e4m3fn, causal=True)
+
+
+@needs_fp8
+def test_fp8_varlen_seqused_k_never_reads_the_unused_keys():
+    """Keys past seqused_k hold NaN (e4m3's 0x7F): V^T leaves them out, so no 0 * NaN reaches out."""
+    lens, used = [(64, 700), (300, 900)], [500, 1]
+    pieces = [fp8_qkv(1, sq, sk, 4, 2, 128, torch.float8_e4m3fn, "cuda", seed=i) for i, (sq, sk) in enumerate(lens)]
+    q, k, v = (torch.cat([p[i][0] for p in pieces]) for i in range(3))
+    for t in (k, v):
+        t.view(torch.uint8)[500:700] = 0x7F
+        t.view(torch.uint8)[701:] = 0x7F
+    qd, kd, vd = (torch.cat([p[i] for p in pieces]) for i in (3, 4, 5))
+    cu_q = torch.tensor([0, 64, 364], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 700, 1600], dtype=torch.int32, device="cuda")
+    seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out, lse = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 900, seqused_k=seqused, return_lse=True,
+                                            q_descale=qd, k_descale=kd, v_descale=vd)
+    for b, (n, start) in enumerate(zip(used, (0, 700))):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys = slice(start, start + n)
+        refs = fp8_references(q[None, rows], k[None, keys], v[None, keys], qd[b:b + 1], kd[b:b + 1], vd[b:b + 1])
+        check_fp8_accuracy(out[None, rows], lse[None, :, rows], refs, what=f"sequence {b}")
+
+
 def test_fp8_needs_fp8_tensor_cores(monkeypatch):
     """On an arch without FP8 tensor cores (run here through sm_80's PTX) the call fails naming it."""
     skip_without_ptx(80, "attn_fwd")

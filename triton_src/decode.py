@@ -114,11 +114,14 @@ def _quantize(x, descale, KV_FP8: tl.constexpr):
     odd = tl.where(beyond, bits + 1, bits - 1).to(tl.float32, bitcast=True)
     inexact = (remainder != 0) & (y != 0) & (tl.abs(y) <= 3.4028234663852886e38)
     y = tl.where(inexact & ((bits & 1) == 0), odd, y)
+    # NaN stays NaN through the clamp, as in the CPU op (round_to_fp8).
     if KV_FP8 == 1:
-        y = tl.minimum(tl.maximum(y, -FP8_E4M3_MAX), FP8_E4M3_MAX)
+        y = tl.minimum(tl.maximum(y, -FP8_E4M3_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_E4M3_MAX,
+                       propagate_nan=tl.PropagateNan.ALL)
         return y.to(tl.float8e4nv, fp_downcast_rounding="rtne")
     else:
-        y = tl.minimum(tl.maximum(y, -FP8_E5M2_MAX), FP8_E5M2_MAX)
+        y = tl.minimum(tl.maximum(y, -FP8_E5M2_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_E5M2_MAX,
+                       propagate_nan=tl.PropagateNan.ALL)
         return y.to(tl.float8e5, fp_downcast_rounding="rtne")
 
 

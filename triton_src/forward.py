@@ -189,6 +189,10 @@ def attn_fwd(
     kv_head = head // kv_group_size
     q_start, seqlen_q = sequence_span(CuSeqlensQ, CuSeqlensQ, batch, seqlen_q, use_cu_seqlens, 0)
     k_start, seqlen_k = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
+    if FP8:
+        # V^T's rows hold stride_vd keys (max_seqlen_k's tiles): a sequence longer than the caller
+        # promised reads no further (16-bit V is read where it lies).
+        seqlen_k = tl.minimum(seqlen_k, stride_vd.to(tl.int32))
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)

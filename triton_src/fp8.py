@@ -59,11 +59,12 @@ def fp8_transpose_v(
     V, Vt,
     stride_vb, stride_vs, stride_vh,
     stride_tb, stride_th, stride_td,
-    CuSeqlensK, use_cu_seqlens, seqlen_k, head_dim, columns, key_order,
+    CuSeqlensK, SequsedK, use_cu_seqlens, use_seqused_k, seqlen_k, head_dim, columns, key_order,
     BLOCK_S: tl.constexpr, BLOCK_DIM: tl.constexpr,
 ):
     """V^T of an FP8 V, for attn_fwd's FP8 variants: Vt[b, h, d, j] = V[b, j, h, d] (dense) or
-    V[cu_seqlens_k[b] + j, h, d] (packed, use_cu_seqlens != 0), keys j < `columns` (seqlen_k, the
+    V[cu_seqlens_k[b] + j, h, d] (packed, use_cu_seqlens != 0; its first seqused_k[b] keys with
+    use_seqused_k != 0), keys j < `columns` (seqlen_k, the
     longest sequence, rounded up to the attention variant's BLOCK_N, a multiple of 16) with zeros
     past each sequence's end. Every sequence's keys start a row of Vt, so the attention kernel's
     loads of it are 16-byte aligned whatever the packing (a packed V^T would put sequences at any
@@ -80,7 +81,9 @@ def fp8_transpose_v(
     Vt = Vt.to(tl.pointer_type(tl.int8), bitcast=True)
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
-    start, length = sequence_span(CuSeqlensK, CuSeqlensK, batch, seqlen_k, use_cu_seqlens, 0)
+    # Keys past seqused_k are zeros too: the attention kernel reads V^T unmasked along the keys,
+    # and an unused key's bytes may be anything (an FP8 NaN times a probability of 0 is NaN).
+    start, length = sequence_span(CuSeqlensK, SequsedK, batch, seqlen_k, use_cu_seqlens, use_seqused_k)
     columns_at = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     # The key each column holds: itself, or in KEY_ORDER (gathered from V's rows, so that the
     # stores stay contiguous).
@@ -96,7 +99,8 @@ def fp8_transpose_v(
 
 FP8_TRANSPOSE_V = KernelSpec(fp8_transpose_v, [
     tensor("V"), tensor("Vt"), *strides("v"), *strides("t", "bhd"),
-    index_tensor("CuSeqlensK"), i32("use_cu_seqlens"), i32("seqlen_k"), i32("head_dim", multiple_of=8),
+    index_tensor("CuSeqlensK"), index_tensor("SequsedK"), i32("use_cu_seqlens"), i32("use_seqused_k"),
+    i32("seqlen_k"), i32("head_dim", multiple_of=8),
     i32("columns", multiple_of=16),
     i32("key_order"),
 ])

@@ -5,7 +5,7 @@
 // It computes in float64 with a two-pass softmax, one sequence at a time (sequence_spans.h
 // says where each one's rows are, dense or packed); dropout (dropout.h) drops probabilities
 // after the softmax, keeping the row's denominator. float8 inputs (fp8_inputs.h) are their values
-// times the descales, and the probabilities reach V rounded as the kernel rounds them.
+// times the descales, and the probabilities reach V rounded to e4m3 against the row's maximum.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -22,9 +22,9 @@ namespace {
 
 // out and lse are zero-filled float64 tensors shaped as the op returns them.
 // sinks: one logit per head joining every row's denominator (none when empty).
-// fp8: each probability reaches V as the FP8 kernel gives it, round_to_fp8(p * scale) / scale
-// in e4m3 for p = exp(score - row max) (the kernel's running max is the row's by the last
-// tile), over the unrounded row sum.
+// fp8: each probability reaches V as round_to_fp8(p * scale) / scale in e4m3 for p = exp(score -
+// row max), over the unrounded row sum: the kernel's rounding where its running max is already
+// the row's (earlier tiles round against a smaller max, which the accuracy rule allows for).
 void attend(const AttentionShape& s, const AttentionVariant& variant, const SequenceSpans& spans, double scale,
             const std::vector<double>& sinks, const CpuDescales& descales, bool fp8, const Tensor& qd,
             const Tensor& kd, const Tensor& vd, Tensor& out_d, Tensor& lse_d) {

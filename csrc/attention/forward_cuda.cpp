@@ -31,8 +31,9 @@ Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v
   kernels::launch_fp8_transpose_v(transpose, grid, {
       .V = v.data_ptr(), .Vt = vt.data_ptr(), .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h,
       .stride_tb = vt.stride(0), .stride_th = vt.stride(1), .stride_td = vt.stride(2),
-      .CuSeqlensK = pack.cu_seqlens_k, .use_cu_seqlens = pack.use_cu_seqlens, .seqlen_k = s.seqlen_k,
-      .head_dim = s.head_dim, .columns = columns, .key_order = key_order,
+      .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k, .use_cu_seqlens = pack.use_cu_seqlens,
+      .use_seqused_k = pack.use_seqused_k, .seqlen_k = s.seqlen_k, .head_dim = s.head_dim, .columns = columns,
+      .key_order = key_order,
   });
   return vt;
 }
@@ -56,12 +57,16 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
     const int device_arch = cuda::compute_capability(q.get_device_index());
     if (device_arch >= 89 && !arch.from_ptx) {
       fail(op, "float8 q, k and v need FP8 kernels for sm_89 or sm_90, and this GPU (sm_", device_arch,
-           ") runs this build's sm_", arch.arch, " ones; build with FATTN_CUDA_ARCHS including 89");
+           ") runs this build's sm_", arch.arch, " ones; build with FATTN_CUDA_ARCHS including ", device_arch);
     }
     fail(op, "float8 q, k and v need FP8 tensor cores (sm_89 or sm_90); this GPU is sm_", arch.arch);
   }
   const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(out_dtype), s.head_dim);
-  const bool tile_loop = prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
+  // The Hopper kernel loads by TMA, which needs 16-byte aligned rows: FP8 rows of a head dim that
+  // is 8 mod 16 (or views with such strides) run attn_fwd.
+  const bool loop_allowed = !fp8.active || (meets_stride_multiple(q, 16) && meets_stride_multiple(k, 16));
+  const bool tile_loop =
+      loop_allowed && prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
   // Where the build has them (the Hopper kernel's), ALiBi without a softcap first takes a variant
   // built without the softcap's code (SCORE_MOD 3) and a bias that TMA can read one that loads
   // it so (SCORE_MOD 4); else SCORE_MOD 1 and 2.
@@ -69,12 +74,14 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const int64_t first_score_mod = score_mod == 1 && variant.softcap <= 0              ? 3
                                   : score_mod == 2 && bias_rows_for_tma(variant.bias) ? 4
                                                                                       : score_mod;
-  const auto fwd = choose_first<attn_fwd>(
-      op, q.get_device_index(), out_dtype, s.head_dim,
-      {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
-       {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs},
-       {.SCORE_MOD = score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
-       {.SCORE_MOD = score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs}});
+  const auto fwd = loop_allowed
+      ? choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
+                               {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
+                                {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs},
+                                {.SCORE_MOD = score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
+                                {.SCORE_MOD = score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs}})
+      : choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
+                               {{.SCORE_MOD = score_mod, .TILE_LOOP = false, .FP8 = fp8_inputs}});
   const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
   // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
   // short programs itself.

@@ -33,6 +33,7 @@ double fp8_max(ScalarType format) { return format_of(format).max; }
 double round_to_fp8(double x, ScalarType format) {
   const Fp8Format f = format_of(format);
   if (std::isnan(x)) return x;
+  if (std::isinf(x)) return std::copysign(f.max, x);  // saturated, as cvt.rn.satfinite does
   if (x == 0) return x;
   // The spacing of representable values around |x|: 2^(exponent - mantissa bits), the
   // subnormals' below the smallest normal exponent.

@@ -2,7 +2,8 @@
 // implementations' rounding to them, and the checks of the descale factors that come with them.
 //
 // An FP8 tensor x stands for x * descale, with one float32 descale per (sequence, KV head):
-// FlashAttention-3's q_descale / k_descale / v_descale convention, shape [batch, kv_heads].
+// FlashAttention-3's q_descale / k_descale / v_descale convention, shape [batch, kv_heads]
+// (q_descale also [batch, heads], one per query head).
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

@@ -88,17 +88,18 @@ void check_grid(const char* op, runtime::Grid grid, const char* x_counts, const 
   if (grid.z > kMaxYZ) fail(op, z_counts, " (", grid.z, ") exceeds the launch grid limit of ", kMaxYZ);
 }
 
+bool meets_stride_multiple(const Tensor& t, int64_t multiple) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) % multiple != 0) return false;
+  }
+  return t.dim() == 0 || t.stride(t.dim() - 1) == 1;
+}
+
 Tensor aligned_for_kernel(const Tensor& t) {
-  auto meets = [](const Tensor& x) {
-    if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) return false;
-    for (int d = 0; d + 1 < x.dim(); ++d) {
-      if (x.size(d) > 1 && x.stride(d) % 8 != 0) return false;
-    }
-    return x.dim() == 0 || x.stride(x.dim() - 1) == 1;
-  };
-  if (meets(t)) return t;
+  if (meets_stride_multiple(t, 8)) return t;
   Tensor c = torch::stable::contiguous(t);  // a view's copy starts on a fresh allocation
-  return meets(c) ? c : torch::stable::clone(c);
+  return meets_stride_multiple(c, 8) ? c : torch::stable::clone(c);
 }
 
 }  // namespace fattn

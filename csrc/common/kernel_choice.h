@@ -89,6 +89,10 @@ void check_grid(const char* op, runtime::Grid grid, const char* x_counts, const 
 // (16-byte vector loads); a tensor that breaks this (a rare view) is replaced by an
 // aligned contiguous copy.
 Tensor aligned_for_kernel(const Tensor& t);
+// A 16-byte aligned base, a contiguous last dim and the other strides multiples of `multiple`
+// elements (the dims of size 1 aside): aligned_for_kernel's rule with 8; TMA and the FP8 kernels'
+// 16-byte loads need 16 bytes, 16 FP8 elements.
+bool meets_stride_multiple(const Tensor& t, int64_t multiple);
 
 // The stride a kernel sees for dim `d`: 0 for a dim of size 1, which is never stepped and
 // whose stride views may leave arbitrary.

@@ -43,14 +43,7 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int
 
 // An FP8 cache read by the split kernel's exact-dim code (PAD_D 0) promises strides that are
 // multiples of 16 elements (16 bytes: its K rows load 16 FP8 values at a time, triton_src/decode.py
-// _wide_fp8_stride); every other cache, aligned_for_kernel's 8.
-bool meets_stride_multiple(const Tensor& t, int64_t multiple) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || t.stride(t.dim() - 1) != 1) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) % multiple != 0) return false;
-  }
-  return true;
-}
+// _wide_fp8_stride); every other cache, aligned_for_kernel's 8 (meets_stride_multiple).
 
 // The kernels write the cache in place, so it cannot be swapped for an aligned copy the way
 // read-only inputs are (aligned_for_kernel); without an append it can.

@@ -11,6 +11,7 @@ import math
 import torch
 
 from ._checks import lse_dtype
+from .fp8 import FP8_DTYPES
 
 
 def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
@@ -115,9 +116,6 @@ def rotary_reference(x, cos, sin, positions, interleaved, dtype=torch.float64):
     return torch.cat([turned, tail], dim=-1)
 
 
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
 def quantize_kv(x, descale, dtype):
     """New tokens x [batch, seqlen, kv_heads, head_dim] as an FP8 cache of `dtype` stores them:
     x / descale[b, h] (float64; descale float32 [batch, kv_heads], None for 1) rounded to nearest
@@ -204,7 +202,7 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
             # The append stores the rotated keys in the cache's dtype (an FP8 cache's: below).
             k = rotary_reference(k, rotary_cos, rotary_sin, cached + torch.arange(seqlen_new, device=q.device),
                                  rotary_interleaved)
-            if k_cache.dtype not in _FP8_DTYPES:
+            if k_cache.dtype not in FP8_DTYPES:
                 k = k.to(k_cache.dtype)
         steps = torch.arange(seqlen_q, device=q.device) if per_token else torch.zeros(seqlen_q, dtype=torch.long,
                                                                                        device=q.device)
@@ -212,7 +210,7 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         q = rotary_reference(q, rotary_cos, rotary_sin, cached + steps, rotary_interleaved, dtype).to(
             rotated_q_dtype or out_dtype)
 
-    fp8 = k_cache.dtype in _FP8_DTYPES
+    fp8 = k_cache.dtype in FP8_DTYPES
     if fp8 and seqlen_new:
         k, v = quantize_kv(k, k_descale, k_cache.dtype), quantize_kv(v, v_descale, v_cache.dtype)
 

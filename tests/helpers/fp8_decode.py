@@ -14,7 +14,7 @@ import torch
 import fattn
 from fattn.reference import kvcache_reference, quantize_kv, rotary_reference
 
-from .kvcache import KVCache, new_tokens
+from .kvcache import KVCache, cache_option_kwargs, new_tokens
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -107,15 +107,7 @@ def fp8_problem(case, q_dtype, device):
     kw["v_descale"] = descales_for(batch, kv_heads, cache_dtype, device, strided=True) if "v" in given else None
     k = saturating_tokens(k, kw["k_descale"], cache_dtype)
     v = saturating_tokens(v, kw["v_descale"], cache_dtype)
-    if "rotary" in options:
-        rotary_layout, rotary_dim = options["rotary"]
-        angles = 2 * torch.pi * torch.rand(cache.capacity + 5, rotary_dim // 2, dtype=torch.float64, device=device)
-        kw.update(rotary_cos=angles.cos().to(q_dtype), rotary_sin=angles.sin().to(q_dtype),
-                  rotary_interleaved=rotary_layout == "gptj")
-    if "leftpad" in options:
-        kw["cache_leftpad"] = torch.tensor(options["leftpad"], dtype=torch.int32, device=device)
-    if options.get("alibi"):
-        kw["alibi_slopes"] = 0.3 * torch.rand(batch, heads, device=device)
+    kw.update(cache_option_kwargs(options, cache.capacity, batch, heads, q_dtype, device))
     cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
     return Fp8Problem(q, cache, k, v, cache_seqlens, kw)
 

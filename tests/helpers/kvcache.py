@@ -231,6 +231,22 @@ def cache_option_case_id(case):
     return case[0]
 
 
+def cache_option_kwargs(options, capacity, batch, heads, dtype, device) -> dict:
+    """flash_attn_with_kvcache's keywords for a case's rotary ((layout, rotary_dim): tables over
+    capacity + 5 positions in `dtype`), leftpad and ALiBi options."""
+    kw = {}
+    if "rotary" in options:
+        layout, rotary_dim = options["rotary"]
+        angles = 2 * torch.pi * torch.rand(capacity + 5, rotary_dim // 2, dtype=torch.float64, device=device)
+        kw.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
+                  rotary_interleaved=layout == "gptj")
+    if "leftpad" in options:
+        kw["cache_leftpad"] = torch.tensor(options["leftpad"], dtype=torch.int32, device=device)
+    if options.get("alibi"):
+        kw["alibi_slopes"] = 0.3 * torch.rand(batch, heads, device=device)
+    return kw
+
+
 def run_cache_option_case(case, dtype, device, num_splits=0):
     """One CACHE_OPTION_CASES case through run_decode (the op against the float64 reference,
     the append checked against the rotated keys)."""
@@ -242,14 +258,6 @@ def run_cache_option_case(case, dtype, device, num_splits=0):
     q = torch.randn(batch, seqlen_q, heads, head_dim, dtype=dtype, device=device)
     k, v = new_tokens(batch, new, kv_heads, head_dim, dtype, device)
     kw = dict(causal=causal, window_size=window)
-    if "rotary" in options:
-        layout, rotary_dim = options["rotary"]
-        angles = 2 * torch.pi * torch.rand(cache.capacity + 5, rotary_dim // 2, dtype=torch.float64, device=device)
-        kw.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
-                  rotary_interleaved=layout == "gptj")
-    if "leftpad" in options:
-        kw["cache_leftpad"] = torch.tensor(options["leftpad"], dtype=torch.int32, device=device)
-    if options.get("alibi"):
-        kw["alibi_slopes"] = 0.3 * torch.rand(batch, heads, device=device)
+    kw.update(cache_option_kwargs(options, cache.capacity, batch, heads, dtype, device))
     cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
     return run_decode(q, cache, cache_seqlens, k, v, what=name, num_splits=num_splits, **kw)

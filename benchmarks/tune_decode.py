@@ -1,6 +1,7 @@
 """Tile-config and split-count search for the decode kernel, with Triton's JIT on the GPU machine.
 
     python benchmarks/tune_decode.py --out decode_tune.json
+    python benchmarks/tune_decode.py --kv-dtype e4m3 --configs 128:8:3,128:4:3 --out fp8_tune.json
     python benchmarks/tune_decode.py --device cpu --quick      # Triton's interpreter, tiny shapes
 
 Times candidate (BLOCK_N, num_warps, num_stages) x num_splits of triton_src's
@@ -9,6 +10,8 @@ benchmark's shapes (GQA 32/8, d128, one query token), contiguous and paged. Each
 list is replayed as a CUDA graph (launch overhead would otherwise hide the kernel),
 rotating over enough cache copies to defeat L2. Every config is checked against a
 float64 reference. On a CPU the inputs are float32 and the timing is wall clock.
+With --kv-dtype e4m3 or e5m2 the caches are FP8 (the KV_FP8 variants, descales of 1), the
+reference reads the same FP8 values, and GB/s counts their bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from common import (Results, decode_reference, int_list, load_kernels, paginate,
 CONFIGS = [(64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3)]
 SPLITS = [8, 12, 16, 24, 32, 48]
 HQ, HK, D = 32, 8, 128
+KV_DTYPES = {"bf16": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 BLOCK_M, BLOCK_S = 16, 16  # the row tile and the merge's chunk, as aot_build/configs.json ships them
 
 
@@ -42,6 +46,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="1x8192,1x131072,8x65536", help="batch x context, comma separated")
     parser.add_argument("--page-size", type=int, default=256)
+    parser.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bf16",
+                        help="the caches' dtype (e4m3: float8_e4m3fn, e5m2: float8_e5m2; q stays 16-bit)")
     parser.add_argument("--configs", default=None, help="BLOCK_N:warps:stages,... (default: CONFIGS)")
     parser.add_argument("--splits", default=None, help="comma list (default: SPLITS)")
     parser.add_argument("--copies", type=int, default=0, help="cache copies to rotate (0: enough to defeat L2)")
@@ -60,16 +66,23 @@ def parse_args(argv=None):
 
 
 def tune_case(results, args, b, ctx):
-    nbytes = 2 * b * ctx * HK * D * 2
-    copies = args.copies or max(1, min(8, (512 << 20) // nbytes))
+    fp8 = KV_DTYPES[args.kv_dtype]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    nbytes = 2 * b * ctx * HK * D * (1 if fp8 else 2)
+    copies = args.copies or max(1, min(8, (512 << 20) // nbytes))
     kvs = [torch.randn(2, b, ctx, HK, D, device=args.device, dtype=dtype) for _ in range(copies)]
-    pools = [paginate(kv, args.page_size) for kv in kvs]
+    if fp8 is not None:  # paged through a byte view: index_copy_ takes no FP8 tensors
+        kvs = [kv.to(fp8) for kv in kvs]
+        pools = [paginate(kv.view(torch.uint8), args.page_size) for kv in kvs]
+        pools = [(pool.view(fp8), table) for pool, table in pools]
+    else:
+        pools = [paginate(kv, args.page_size) for kv in kvs]
     q = torch.randn(b, 1, HQ, D, device=args.device, dtype=dtype)
     seqlens = torch.full((b,), ctx, dtype=torch.int32, device=args.device)
-    want = decode_reference(q, kvs[0], ctx)
+    want = decode_reference(q, kvs[0].to(torch.float32), ctx)
     for paged in (False,) if args.contiguous_only else (False, True):
-        case = {"batch": b, "context": ctx, "heads": HQ, "kv_heads": HK, "head_dim": D, "paged": paged}
+        case = {"batch": b, "context": ctx, "heads": HQ, "kv_heads": HK, "head_dim": D, "paged": paged,
+                "kv_dtype": args.kv_dtype}
         for cfg in args.config_list:
             for splits in args.split_list:
                 def call(i, cfg=cfg, splits=splits, paged=paged):

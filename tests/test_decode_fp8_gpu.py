@@ -86,6 +86,40 @@ def test_fp8_long_cache_gqa_d128(cache_dtype, page_size):
 
 
 @requires_fp8
+@pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
+def test_fp8_cache_queries_of_any_magnitude(dtype):
+    """The FP8 cache's products run in float16 with each query row scaled by a power of two into
+    its range (triton_src/decode.py _fp8_products_query). One KV group holds query rows beyond
+    float16's largest value (bf16; near it for fp16), rows of float16 subnormals and ordinary
+    rows; k_descale (and the new keys) shrink by the large factor so that the large rows' scores
+    stay of ordinary size. All within the 2x rule, whose low-precision reference computes in q's
+    dtype."""
+    case = next(c for c in FP8_CASES if c[0] == "e4m3-contiguous-gqa4-append1")
+    p = fp8_problem(case, dtype, DEV)
+    big = 2.0 ** 16 if dtype == torch.bfloat16 else 2.0 ** 12
+    factors = torch.tensor([big, 2.0 ** -20, big, 1.0], device=DEV).repeat(p.q.shape[2] // 4)
+    p.q = (p.q.double() * factors[:, None]).to(dtype)
+    p.kw["k_descale"] = p.kw["k_descale"] / big
+    p.k = (p.k.double() / big).to(dtype)  # the same FP8 values once divided by the descale
+    if dtype == torch.bfloat16:
+        assert p.q.abs().max() > torch.finfo(torch.float16).max
+    _check_against_the_cpu_op(p, what=f"query rows scaled by {factors[:4].tolist()}")
+
+
+@requires_fp8
+def test_fp8_cache_descales_are_factors_like_any_other():
+    """No descale value is refused (reading them needs a host sync): negative ones flip their
+    head's keys or values, the appended tokens' quantization included, as the CPU op (the
+    specification) computes them."""
+    case = next(c for c in FP8_CASES if c[0] == "e5m2-paged16-gqa4-append3")
+    p = fp8_problem(case, torch.bfloat16, DEV)
+    k_descale, v_descale = p.kw["k_descale"].clone(), p.kw["v_descale"].clone()
+    k_descale[0, 1], v_descale[1, 0], v_descale[2, 1] = -k_descale[0, 1], -v_descale[1, 0], -v_descale[2, 1]
+    p.kw["k_descale"], p.kw["v_descale"] = k_descale, v_descale
+    _check_against_the_cpu_op(p, what="negative descales")
+
+
+@requires_fp8
 def test_fp8_misaligned_view_is_copied_when_read_and_refused_when_appended():
     """FP8 caches whose token strides are not multiples of 16 bytes read correctly at d128 (the
     padded code serves them: the exact-dim code promises 16-byte strides), and one that does not

@@ -167,3 +167,19 @@ def test_fp8_needs_fp8_tensor_cores(monkeypatch):
     with pytest.raises(RuntimeError, match=r"float8 q, k and v need FP8 tensor cores \(sm_89 or sm_90\); this GPU "
                                            r"is sm_80"):
         fattn.flash_attn_func(q, k, v)
+
+
+@needs_fp8
+@pytest.mark.parametrize("fp8", FP8_DTYPES, ids=str)
+def test_fp8_descales_are_factors_like_any_other(fp8):
+    """No descale value is refused (reading them needs a host sync): a negative one flips its
+    head's dequantized values and a zero one zeroes them, as the reference's dequantization does.
+    d128 runs the Hopper kernel on sm_90, d64 attn_fwd."""
+    for case in [(2, 200, 300, 4, 2, 128), (2, 150, 90, 4, 2, 64)]:
+        q, k, v, qd, kd, vd = fp8_qkv(*case, fp8, "cuda", seed=7)
+        kd[0, 1], vd[1, 0], qd[1, 1] = -kd[0, 1], -vd[1, 0], 0.0
+        out, lse = fattn.flash_attn_func(q, k, v, causal=True, return_lse=True, q_descale=qd, k_descale=kd,
+                                         v_descale=vd)
+        torch.cuda.synchronize()
+        refs = fp8_references(q, k, v, qd, kd, vd, None, True)
+        check_fp8_accuracy(out, lse, refs, what=f"{case} {fp8} negative and zero descales")

@@ -30,6 +30,8 @@ softmax), as in the forward kernel. Masking (causal, sliding window) is applied
 to every key tile: the kernel is bound by memory, the compares are free.
 """
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -60,6 +62,9 @@ def _cache_row(CacheBatchIdx, batch, use_batch_idx):
     return batch
 
 
+# Triton's interpreter (tests/interpret_decode_kernels.py) runs these kernels on the CPU.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
 # The FP8 caches' largest finite values (e4m3fn, e5m2): the append saturates to them.
 FP8_E4M3_MAX = tl.constexpr(448.0)
 FP8_E5M2_MAX = tl.constexpr(57344.0)
@@ -86,6 +91,47 @@ def _wide_fp8_stride(stride):
     a time, where the spec's promise of 8 elements alone gives 8-byte loads of FP8 values. (V's
     stay 8: Triton lays its tile out for the conversion to q's dtype; NOTES.md D11.)"""
     return (stride // 16) * 16
+
+
+@triton.jit
+def _fp8_products_query(q):
+    """q for an FP8 cache's products, which run in float16 (every e4m3 and e5m2 value is a float16
+    value, and one cvt.rn.f16x2 converts two, where bfloat16 takes a second conversion per value):
+    each row multiplied by a power of two that puts its largest |q| in [2^14, 2^15) (exact, and in
+    float16's range whatever q's magnitude), returned with the factor each row's scores are
+    multiplied by to undo it. A bfloat16 q loses nothing (float16 keeps more bits), and the
+    products are exact in fp32. A float32 q (Triton's interpreter alone: the builds' q is 16-bit)
+    keeps float32 products."""
+    if q.dtype == tl.float32:
+        return q, tl.full([q.shape[0]], 1.0, tl.float32)
+    largest = tl.max(tl.abs(q.to(tl.float32)), 1)
+    exponent = (largest.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased: 127 is 2^0
+    # Biased exponents of 2^(14 - e) and of its inverse (they sum to 254), both normal floats.
+    up = tl.minimum(tl.maximum(127 + 14 - (exponent - 127), 1), 253)
+    down = 254 - up
+    up = (up << 23).to(tl.float32, bitcast=True)
+    down = (down << 23).to(tl.float32, bitcast=True)
+    return (q.to(tl.float32) * up[:, None]).to(tl.float16), down
+
+
+@triton.jit
+def _fp8_values_operand(v, dtype: tl.constexpr, KV_FP8: tl.constexpr):
+    """An FP8 V tile as the second product's operand (float16; float32 in the interpreter),
+    converted where it was loaded, four values per asm: not pure, so that Triton keeps the
+    conversion before the tile's trip through shared memory. (It moves a plain cast after that
+    trip, and an FP8 tile read back into mma.sync's layout for this product, which runs along the
+    keys, is read a byte at a time; a float16 tile is read by ldmatrix.) Triton's interpreter runs
+    no PTX: there the plain cast, the same exact conversion."""
+    if INTERPRETED:
+        return v.to(dtype)
+    elif KV_FP8 == 1:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi; }",
+            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit
@@ -414,6 +460,11 @@ def attn_decode_split(
 
     m_i, l_i = initial_softmax_state(Sinks, head, (use_sinks != 0) & (split == 0), BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # An FP8 cache's products run in float16, q scaled per row into its range (_fp8_products_query).
+    row_scale = tl.zeros([BLOCK_M], dtype=tl.float32) + qk_scale
+    if KV_FP8 != 0:
+        q, unscale = _fp8_products_query(q)
+        row_scale = row_scale * unscale
     if WIDE != 0:
         acc, l_i, m_i = _wide_chunk(
             acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
@@ -440,7 +491,10 @@ def attn_decode_split(
                 k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
             else:
                 k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
-            qk = tl.dot(q, k.to(q.dtype)) * qk_scale
+            if KV_FP8 != 0:
+                qk = tl.dot(q, k.to(q.dtype)) * row_scale[:, None]
+            else:
+                qk = tl.dot(q, k) * qk_scale
             if softcap_log2 > 0:
                 qk = softcap_log2 * softcap_tanh(qk)
             if use_alibi != 0:
@@ -452,7 +506,9 @@ def attn_decode_split(
                 v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
             else:
                 v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
-            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+            if KV_FP8 != 0:
+                v = _fp8_values_operand(v, q.dtype, KV_FP8)
+            acc = tl.dot(p.to(q.dtype), v, acc)
 
     out, lse = softmax_finish(acc, l_i, m_i)
     if KV_FP8 != 0:

@@ -41,6 +41,26 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int
   return std::clamp<int64_t>(std::min(sms / programs, shortest), 1, kMaxAutoSplits);
 }
 
+// FP8 caches: the split kernel converts every K and V value, and one program per SM leaves the
+// loads short of the bandwidth. In the H200 sweep of benchmarks/tune_decode.py --kv-dtype e4m3
+// (NOTES.md D13) the fastest counts filled every SM with as many programs as its shared memory
+// holds, in whole waves, with chunks of about kFp8KeysPerSplit keys: 32 splits at batch 1 / 128k
+// (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (2, the rule above, 28 %).
+constexpr int64_t kFp8KeysPerSplit = 4096;
+
+int64_t fp8_num_splits(int64_t programs, int64_t capacity, const runtime::KernelEntry& split, int device) {
+  const int64_t block_n = split.constants[attn_decode_split::BLOCK_N].value;
+  // Programs per SM as its shared memory allows (1 KB of it reserved per program): the FP8 tiles'
+  // shared memory binds before their warps or registers do.
+  const int64_t resident =
+      std::max<int64_t>(1, cuda::shared_memory_per_multiprocessor(device) / (split.shared_bytes + 1024));
+  const int64_t slots = cuda::multiprocessor_count(device) * resident;
+  const int64_t wanted = std::max<int64_t>(1, capacity / kFp8KeysPerSplit);
+  const int64_t waves = (wanted * programs + slots - 1) / slots;
+  const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
+  return std::clamp<int64_t>(std::min(waves * slots / programs, shortest), 1, kMaxAutoSplits);
+}
+
 // An FP8 cache read by the split kernel's exact-dim code (PAD_D 0) promises strides that are
 // multiples of 16 elements (16 bytes: its K rows load 16 FP8 values at a time, triton_src/decode.py
 // _wide_fp8_stride); every other cache, aligned_for_kernel's 8 (meets_stride_multiple).
@@ -177,8 +197,10 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const auto rotate = choose<rotate_queries>(kOp, device, dtype, s.head_dim, {});
   const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
   const int64_t row_tiles = (s.seqlen_q * s.group() + block_m - 1) / block_m;
+  const int64_t programs = s.batch * s.kv_heads * row_tiles;
   const int64_t splits = num_splits > 0 ? num_splits
-                                        : auto_num_splits(s.batch * s.kv_heads * row_tiles, s.capacity,
+                         : fp8 != 0     ? fp8_num_splits(programs, s.capacity, *split.target.entry, device)
+                                        : auto_num_splits(programs, s.capacity,
                                                           split.constant(attn_decode_split::BLOCK_N), device);
   const runtime::Grid split_grid{dim(splits), dim(s.kv_heads * row_tiles), dim(s.batch)};
   const runtime::Grid merge_grid{dim(s.seqlen_q), dim(s.heads), dim(s.batch)};

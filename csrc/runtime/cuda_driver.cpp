@@ -145,4 +145,10 @@ int multiprocessor_count(int device) {
   return cached_attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, known, mutex);
 }
 
+int shared_memory_per_multiprocessor(int device) {
+  static std::mutex mutex;
+  static std::vector<int> known;
+  return cached_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, known, mutex);
+}
+
 }  // namespace fattn::cuda

@@ -21,6 +21,7 @@ constexpr CUresult CUDA_SUCCESS = 0;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
@@ -72,5 +73,8 @@ int compute_capability(int device);
 
 // The number of SMs of `device`, read once per device.
 int multiprocessor_count(int device);
+
+// The shared memory of one SM of `device` in bytes (what its resident programs share), read once.
+int shared_memory_per_multiprocessor(int device);
 
 }  // namespace fattn::cuda

@@ -312,8 +312,15 @@ def test_tile_loop_variants_are_exactly_the_looping_kernels():
         (128, mod, fp8, "bf16") for mod in (0, 1) for fp8 in (1, 2)}
 
 
+@pytest.fixture(scope="module")
+def sm80_d32_cache(tmp_path_factory):
+    """One kernel cache for both packings: the raw cubins compile once (two minutes on two cores),
+    and each packing's images are cached beside them."""
+    return tmp_path_factory.mktemp("aot_cache")
+
+
 @pytest.mark.parametrize("packing", ["none", "fatbinary"])
-def test_build_writes_consistent_table_and_hits_cache(tmp_path, packing, monkeypatch):
+def test_build_writes_consistent_table_and_hits_cache(tmp_path, packing, monkeypatch, sm80_d32_cache):
     from aot_build import compress
 
     if packing == "fatbinary" and compress.mode({"FATTN_COMPRESS": "auto"}) != "fatbinary":
@@ -321,7 +328,7 @@ def test_build_writes_consistent_table_and_hits_cache(tmp_path, packing, monkeyp
     env = {"FATTN_CUDA_ARCHS": "80", "FATTN_HEAD_DIMS": "32", "FATTN_COMPRESS": packing}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    out, cache = tmp_path / "gen", tmp_path / "cache"
+    out, cache = tmp_path / "gen", sm80_d32_cache
     first = build(out, jobs=2, cache_dir=cache, log=lambda m: None)
     table_mtime = (out / "kernel_table.cpp").stat().st_mtime_ns
     logs = []

@@ -391,10 +391,10 @@ def attn_decode_split(
     cache_leftpad[batch] are not attended to (the masks keep their positions). A rotary
     embedding reaches q through rotate_queries, before this kernel.
     An FP8 cache (KV_FP8 1: e4m3fn, 2: e5m2; decoding tile only) stands for x_fp8 * descale, one
-    float32 descale per (batch, kv head) (use_k/v_descale 0: 1): each K and V tile is converted to
-    q's dtype (exact: every e4m3/e5m2 value is a float16 and a bfloat16 value) for the same dots,
-    k_descale folded into qk_scale, and the (partial) output multiplied by v_descale before it is
-    written, so the merge is unchanged.
+    float32 descale per (batch, kv head) (use_k/v_descale 0: 1): the dots run in float16 (exact for
+    every e4m3/e5m2 value; q scaled per row into float16's range, _fp8_products_query), k_descale
+    folded into qk_scale, and the (partial) output multiplied by v_descale before it is written, so
+    the merge is unchanged.
     WIDE 1 and 2 (chunked prefill: the build gives them a tall row tile) take the forward
     kernel's two-loop pass (_wide_chunk): no mask on the key tiles every row sees; WIDE 2 has
     the softcap and ALiBi code, WIDE 1 runs neither (softcap_log2 = 0, use_alibi = 0).

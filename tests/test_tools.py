@@ -37,6 +37,19 @@ def test_quick_run_times_every_case(script, tmp_path):
         assert any(r["ms"] for r in rows)
 
 
+def test_tune_decode_times_fp8_caches(tmp_path):
+    # --kv-dtype e4m3: FP8 caches (paged through a byte view), each config checked against the
+    # reference of the same FP8 values before it is timed; a wrong one is recorded without a time.
+    out = tmp_path / "result.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tune_decode.py"), "--device", "cpu",
+                             "--quick", "--kv-dtype", "e4m3", "--out", str(out)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["paged"], r["num_splits"]) for r in rows} == {(p, s) for p in (False, True) for s in (1, 3)}
+    assert all(r["kv_dtype"] == "e4m3" and r["ms"] and not r.get("error") for r in rows), rows
+
+
 def test_tuner_smoke_run_chooses_a_checked_config_per_kernel(tmp_path):
     # aot_build/tune.py under the interpreter: every kernel gets a chosen config that passed the
     # accuracy check and has timings (test_aot_build.py checks how the grid reads such a file).

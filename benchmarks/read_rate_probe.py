@@ -58,6 +58,9 @@ def graph_ms(fn):
     return sorted(times)[5]
 
 
+WARPS_STAGES = [(4, 3), (8, 3), (4, 5), (4, 8)]
+
+
 def main():
     keys, heads, chunks, block = 1 << 20, 8, 33, 128
     for row_bytes, name in [(128, "fp8 d128 (128 B rows)"), (256, "bf16 d128 (256 B rows)")]:
@@ -65,11 +68,11 @@ def main():
         chunk = keys // chunks // block * block
         out = torch.empty(heads * chunks, device="cuda")
         used = heads * chunks * chunk * row_bytes
-        for warps in (4, 8):
-            launch = dict(num_warps=warps, num_stages=3)
+        for warps, stages in WARPS_STAGES:
+            launch = dict(num_warps=warps, num_stages=stages)
             t1 = graph_ms(lambda: per_head[(heads, chunks)](x, out, keys, heads, row_bytes, block, chunk, **launch))
             t2 = graph_ms(lambda: per_range[(heads, chunks)](x, out, keys, heads, row_bytes, block, chunk, **launch))
-            print(f"{name} warps {warps}: per head {used / t1 / 1e6:.0f} GB/s ({t1 * 1e3:.1f} us), "
+            print(f"{name} warps {warps} stages {stages}: per head {used / t1 / 1e6:.0f} GB/s ({t1 * 1e3:.1f} us), "
                   f"per key range {used / t2 / 1e6:.0f} GB/s ({t2 * 1e3:.1f} us)")
 
 

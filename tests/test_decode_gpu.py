@@ -209,6 +209,25 @@ def test_whole_cache_when_cache_seqlens_is_none():
         check_outputs(out, lse, q, ref_out, ref_lse, low_out, what=f"cache_seqlens=None page={page_size}")
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_empty_batch(cache_dtype, paged):
+    # Batch 0 with the automatic split count (which divides by the programs of the grid): empty
+    # out and lse, nothing launched, no error.
+    if cache_dtype != torch.bfloat16 and torch.cuda.get_device_capability() not in ((8, 9), (9, 0)):
+        pytest.skip("an FP8 cache needs sm_89 or sm_90")
+    q = torch.randn(0, 1, 8, 64, dtype=torch.bfloat16, device=DEV)
+    rows = 4 if paged else 0
+    k_cache = torch.zeros(rows, 16, 2, 64, device=DEV).to(cache_dtype)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.zeros(0, 2, dtype=torch.int32, device=DEV) if paged else None
+    seqlens = torch.zeros(0, dtype=torch.int32, device=DEV)
+    out, lse = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                             return_lse=True)
+    torch.cuda.synchronize()
+    assert out.shape == (0, 1, 8, 64) and lse.shape == (0, 8, 1)
+
+
 def test_int_cache_seqlens():
     cache = KVCache(2, 600, 2, 128, torch.float16, DEV, 16)
     q = torch.randn(2, 3, 8, 128, dtype=torch.float16, device=DEV)

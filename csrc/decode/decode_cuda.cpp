@@ -197,7 +197,7 @@ std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
   const auto rotate = choose<rotate_queries>(kOp, device, dtype, s.head_dim, {});
   const int64_t block_m = split.constant(attn_decode_split::BLOCK_M);
   const int64_t row_tiles = (s.seqlen_q * s.group() + block_m - 1) / block_m;
-  const int64_t programs = s.batch * s.kv_heads * row_tiles;
+  const int64_t programs = std::max<int64_t>(1, s.batch * s.kv_heads * row_tiles);  // batch 0 returns below
   const int64_t splits = num_splits > 0 ? num_splits
                          : fp8 != 0     ? fp8_num_splits(programs, s.capacity, *split.target.entry, device)
                                         : auto_num_splits(programs, s.capacity,

@@ -45,7 +45,7 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int
 // loads short of the bandwidth. In the H200 sweep of benchmarks/tune_decode.py --kv-dtype e4m3
 // (NOTES.md D13) the fastest counts filled every SM with as many programs as its shared memory
 // holds, in whole waves, with chunks of about kFp8KeysPerSplit keys: 32 splits at batch 1 / 128k
-// (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (2, the rule above, 28 %).
+// (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (where the rule above gives 2).
 constexpr int64_t kFp8KeysPerSplit = 4096;
 
 int64_t fp8_num_splits(int64_t programs, int64_t capacity, const runtime::KernelEntry& split, int device) {

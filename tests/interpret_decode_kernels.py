@@ -61,7 +61,13 @@ CASES = [
     ("fp8-e4m3-contiguous-gqa4-3splits", 2, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 3),
     ("fp8-e5m2-paged16-window-softcap-1split", 3, 4, 4, 16, 16, 1, False, (7, 1), 3.0, 1),
     ("fp8-e4m3-contiguous-batchidx-leftpad-kdescale-2splits", 3, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 2),
+    # bf16 q (float16 products, each row scaled by a power of two): rows beyond float16's range
+    # and rows of float16 subnormals in one KV group, k_descale shrunk to keep the scores ordinary
+    ("fp8-e4m3-paged16-bf16q-magnitudes-2splits", 2, 8, 2, 32, 16, 0, True, (-1, -1), 0.0, 2),
 ]
+
+# The bf16q case's query heads, times these (cycled), and its k_descale, times the first's inverse.
+BF16Q_FACTORS = [2.0 ** 16, 2.0 ** -20, 1.0, 2.0 ** 6]
 
 
 def fp8_tokens(x, descale, fp8):
@@ -114,6 +120,10 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         k_cache, v_cache = (4 * k_cache).clamp(-400, 400).to(fp8), (4 * v_cache).clamp(-400, 400).to(fp8)
         k_descale = torch.exp2(torch.randint(-3, 1, (batch, kv_heads)).float())
         v_descale = None if "kdescale" in name else torch.exp2(torch.randint(-3, 1, (batch, kv_heads)).float())
+    if "bf16q" in name:
+        factors = torch.tensor(BF16Q_FACTORS).repeat(heads // len(BF16Q_FACTORS))
+        q = (q.double() * factors[:, None]).to(torch.bfloat16)
+        k_descale = k_descale / BF16Q_FACTORS[0]
     batch_idx = torch.randperm(batch + 2, dtype=torch.int32)[:batch] if "batchidx" in name else None
     leftpad = torch.tensor([0, 5, 100], dtype=torch.int32) if "leftpad" in name else None
     rotary = None
@@ -151,8 +161,11 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
             "cache_ok": steps == 0,
             "cache_err": steps,  # FP8 steps apart: a key rotated in fp32 may round one step from float64's
             "saturated": int((k_cache.float().abs() == torch.finfo(fp8).max).sum()),
+            "appended": seqlen_new > 0,
             # the saturated tokens' values reach the format's largest (57344 x descale for e5m2)
             "out_scale": want_out.abs().max().item(),
+            # the largest |value| the outputs average (a float16 P's rounding weighs them)
+            "v_scale": (v_cache.double() * (1.0 if v_descale is None else v_descale.double().max())).abs().max().item(),
             "lse_scale": want_lse[finite].abs().max().item() if finite.any() else 0.0,
         }
     return {

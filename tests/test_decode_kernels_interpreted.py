@@ -21,7 +21,7 @@ def interpreted():
 
 def test_every_case_ran(interpreted):
     seed, rows = interpreted
-    assert len(rows) == 18, f"seed {seed}: {sorted(rows)}"
+    assert len(rows) == 19, f"seed {seed}: {sorted(rows)}"
     # The batch holds an empty sequence (no append): its rows must come out empty.
     assert rows["paged16-mha-3splits"]["empty_rows"] > 0
 
@@ -34,7 +34,7 @@ def test_every_case_ran(interpreted):
     "paged16-rotary-neox-noncausal-leftpad", "paged16-wide-40q-causal-rotary-neox-2splits",
     "contiguous-wide-33q-window-batchidx-leftpad", "paged16-wide-mods-24q-causal-softcap-alibi-3splits",
     "fp8-e4m3-contiguous-gqa4-3splits", "fp8-e5m2-paged16-window-softcap-1split",
-    "fp8-e4m3-contiguous-batchidx-leftpad-kdescale-2splits",
+    "fp8-e4m3-contiguous-batchidx-leftpad-kdescale-2splits", "fp8-e4m3-paged16-bf16q-magnitudes-2splits",
 ])
 def test_kernels_match_cpu_op(interpreted, case):
     seed, rows = interpreted
@@ -42,12 +42,16 @@ def test_kernels_match_cpu_op(interpreted, case):
     # fp32 kernels against the float64 definition: rounding only (NaN fails: unwritten output).
     # FP8 cases: relative to the largest output and lse (their saturated values reach thousands).
     out_tol, lse_tol = 1e-4 * max(1.0, r.get("out_scale", 1.0)), 1e-4 * max(1.0, r.get("lse_scale", 1.0))
+    if "bf16q" in case:
+        # out in bf16, which Triton 3.6's interpreter truncates to (a whole unit in the last of its
+        # 8 bits), and P on its way to V in float16 (half a unit in the last of 11): rounding only.
+        out_tol = 2.0 ** -7 * r["out_scale"] + 2.0 ** -11 * r["v_scale"]
     assert r["out_err"] < out_tol, f"seed {seed} {case}: out error {r['out_err']}"
     assert r["lse_pattern"], f"seed {seed} {case}: the -inf rows of lse differ"
     assert r["lse_err"] < lse_tol, f"seed {seed} {case}: lse error {r['lse_err']}"
     if case.startswith("fp8"):  # bit for bit
         assert r["cache_ok"], f"seed {seed} {case}: the appended cache is {r['cache_err']} FP8 steps from the op's"
-        assert r["saturated"] > 0, f"seed {seed} {case}: no appended value saturated"
+        assert r["saturated"] > 0 or not r["appended"], f"seed {seed} {case}: no appended value saturated"
     elif "rotary" in case:  # keys rotated in fp32 by the kernel, in float64 by the op
         assert r["cache_err"] < 1e-5, f"seed {seed} {case}: the appended cache differs by {r['cache_err']}"
     else:

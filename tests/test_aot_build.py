@@ -306,10 +306,10 @@ def test_tile_loop_variants_are_exactly_the_looping_kernels():
     def on_sm90(loop):
         return {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["FP8"], v.dtype)
                 for v in variants if v.arch == 90 and v.constant_dict["TILE_LOOP"] == loop}
-    # FP8 inputs have both at d128 (with a softcap too: the looping kernel's FP8 variants cover
-    # SCORE_MOD 1 where attn_fwd's do).
+    # FP8 inputs have both at d128 and d256 (with a softcap too: the looping kernel's FP8 variants
+    # cover SCORE_MOD 1 where attn_fwd's do; attn_fwd takes the rows TMA cannot read).
     assert on_sm90(True) & on_sm90(False) == {(d, 0, 0, dtype) for d in (64, 128) for dtype in ("fp16", "bf16")} | {
-        (128, mod, fp8, "bf16") for mod in (0, 1) for fp8 in (1, 2)}
+        (d, mod, fp8, "bf16") for d in (128, 256) for mod in (0, 1) for fp8 in (1, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -375,11 +375,11 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     every = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
-    # FP8 inputs: the Hopper kernel at d128 (SCORE_MOD 0 and 1), e4m3 and e5m2, the variant's
-    # dtype being the bf16 output.
+    # FP8 inputs: the Hopper kernel at d128 and d256 (SCORE_MOD 0 and 1), e4m3 and e5m2, the
+    # variant's dtype being the bf16 output.
     fp8_hopper = {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["FP8"], v.dtype)
                   for v in every if v.implementation and v.constant_dict["FP8"]}
-    assert fp8_hopper == {(128, mod, fp8, "bf16") for mod in (0, 1) for fp8 in (1, 2)}
+    assert fp8_hopper == {(d, mod, fp8, "bf16") for d in (128, 256) for mod in (0, 1) for fp8 in (1, 2)}
     variants = [v for v in every if not v.constant_dict["FP8"]]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["TILE_LOOP"], v.dtype)

@@ -243,22 +243,24 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, scale):
-    """common.softmax_step on the log2-domain scores s * scale (scale > 0): (p, alpha, m_i, l_i).
-    A row that has seen only -inf keeps m = -inf and is shifted by 0, so no NaN reaches p or alpha."""
+def _softmax(s, m_i, l_i, scale, p_log2):
+    """common.softmax_step on the log2-domain scores s * scale (scale > 0): (p, alpha, m_i, l_i),
+    p and l_i times 2^p_log2 (FP8 inputs' probability scale, folded into exp2's argument: no
+    multiply per score; 0 for 16-bit inputs). A row that has seen only -inf keeps m = -inf and is
+    shifted by 0, so no NaN reaches p or alpha."""
     m_new = gl.maximum(m_i, gl.max(s, 1) * scale)  # the max commutes with a positive scale
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * scale - m_shift[:, None])
+    p = gl.exp2(s * scale - (m_shift - p_log2)[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
 
 
 @gluon.jit
-def _p_operand(p, dtype: gl.constexpr, p_scale, p_layout: gl.constexpr):
-    """P as the second product's A operand: in the inputs' 16-bit dtype, or for FP8 inputs times
-    p_scale in e4m3 (forward.py's fp8_probabilities: the FP8 product takes e4m3 with V's e4m3
-    or e5m2) with its keys in fp8.py's KEY_ORDER.
+def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
+    """P as the second product's A operand: in the inputs' 16-bit dtype, or for FP8 inputs (p
+    already times the probability scale, _softmax) in e4m3 (forward.py's fp8_probabilities: the
+    FP8 product takes e4m3 with V's e4m3 or e5m2) with its keys in fp8.py's KEY_ORDER.
 
     Why the order: an accumulator thread holds keys 2t, 2t + 1 of each 8 (t = lane % 4), an
     8-bit A operand's keys 4t to 4t + 3 of each 16, so P in key order would be shuffled between
@@ -269,9 +271,9 @@ def _p_operand(p, dtype: gl.constexpr, p_scale, p_layout: gl.constexpr):
     if dtype.is_fp8():
         rows: gl.constexpr = p.shape[0]
         keys: gl.constexpr = p.shape[1]
-        operand = gl.reshape((p * p_scale).to(gl.float8e4nv), [rows, keys // 32, 2, 2, 4, 2])
+        operand = gl.reshape(p, [rows, keys // 32, 2, 2, 4, 2])
         operand = gl.reshape(gl.permute(operand, (0, 1, 2, 4, 3, 5)), [rows, keys])
-        operand = gl.convert_layout(operand, p_layout, assert_trivial=True)
+        operand = gl.convert_layout(operand, p_layout, assert_trivial=True).to(gl.float8e4nv)
     else:
         operand = gl.convert_layout(p.to(dtype), p_layout)
     return operand
@@ -295,7 +297,7 @@ def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
 def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
               turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
               window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-              softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale,
+              softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_log2,
               WG: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr, SCORE_MOD: gl.constexpr, O_IN_Q_BUFFER: gl.constexpr, SEGMENTS: gl.constexpr,
               D1: gl.constexpr):
@@ -306,8 +308,10 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     carried across it did). With D1 > 0 the head dim comes in two pieces (BLOCK_D, then D1
     columns): S sums both pieces' products, and O is two accumulators (acc, acc1). SCORE_MOD 4
     adds the bias (mods; row0 is the warpgroup's first row) and drops keys from P(j) V(j).
-    FP8 inputs: P goes to V in e4m3 times p_scale (_p_operand), and V's slots hold V^T tiles,
-    which the product reads K-major through a permuted view."""
+    FP8 inputs: P goes to V in e4m3 times 2^p_log2 (_softmax, _p_operand), and V's slots hold
+    V^T tiles, which the product reads K-major through a permuted view. The loop carries P(j-1)
+    as float32 and converts it just before its product: carried as e4m3, its bytes crossed the
+    back edge one register each and were packed again (4 PRMT per register)."""
     dtype: gl.constexpr = q_tile.dtype
     FP8: gl.constexpr = dtype.is_fp8()
     MMA_K: gl.constexpr = 32 if FP8 else 16
@@ -329,12 +333,16 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     scores = _scores(s, 0, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left, window_right,
                      qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods, it,
                      SCORE_MOD, SEGMENTS)
-    p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
-    p_op = _p_operand(_dropped(p, mods, row0, start_n, SCORE_MOD), dtype, p_scale, p_layout)
+    p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale, p_log2)
+    p = _dropped(p, mods, row0, start_n, SCORE_MOD)
+    if not FP8:
+        p_op = _p_operand(p, dtype, p_layout)
 
     for j in range(1, n_tiles):
         # Issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) together, in turn with the other
         # warpgroups, so that their softmax runs while these products use the tensor cores.
+        if FP8:
+            p_op = _p_operand(p, dtype, p_layout)
         mbarrier.wait(turn.index(WG), turn_phase)
         stage = (it + j) % STAGES
         mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
@@ -366,7 +374,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
                          qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods,
                          it + j,
                          SCORE_MOD, SEGMENTS)
-        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale)
+        p, alpha, m_i, l_i = _softmax(scores, m_i, l_i, softmax_scale, p_log2)
         p = _dropped(p, mods, row0, start_n, SCORE_MOD)
         # P(j-1)'s registers are the running product's operand until it finishes.
         if D1 > 0:
@@ -374,11 +382,14 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
         else:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(prev), count=1)
-        p_op = _p_operand(p, dtype, p_scale, p_layout)
+        if not FP8:
+            p_op = _p_operand(p, dtype, p_layout)
 
     if not O_IN_Q_BUFFER:  # Q's last product is done: the producer may load the next tile's
         mbarrier.arrive(q_empty.index(WG), count=1)
     last = (it + n_tiles - 1) % STAGES
+    if FP8:
+        p_op = _p_operand(p, dtype, p_layout)
     acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
     mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
     if FP8:
@@ -410,8 +421,8 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     other warpgroups do; returns them updated. The turns run on across query tiles too: the
     last warpgroup's single opening arrival (in _attend) keeps the first one a turn ahead,
     whatever each tile's length. mods: SCORE_MOD 4's bias and dropout (attn_fwd_sm90 says what).
-    FP8 inputs: p_scale scales P for its e4m3 product, and out_scale (V's descale / p_scale)
-    multiplies the output, which is stored in Out's 16-bit dtype (o_smem's)."""
+    FP8 inputs: p_scale scales P for its e4m3 product (and so the row sums), and out_scale (V's
+    descale) multiplies the output, which is stored in Out's 16-bit dtype (o_smem's)."""
     dtype: gl.constexpr = q_smem.dtype
     FP8: gl.constexpr = dtype.is_fp8()
     MMA_K: gl.constexpr = 32 if FP8 else 16
@@ -441,10 +452,18 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     diagonal = seqlen_k - seqlen_q
     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
 
-    # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 at m = its logit
-    # (sink_log2 is -inf without one).
+    # FP8 inputs: _softmax's probabilities, and so l_i, come times p_scale = 2^p_log2 (a power of
+    # two: its exponent field, exactly); out = acc / l_i needs no other correction, lse does.
+    if FP8:
+        p_log2 = (((p_scale.to(gl.int32, bitcast=True) >> 23) & 255) - 127).to(gl.float32)
+        l_unit = p_scale
+    else:
+        p_log2 = 0.0
+        l_unit = 1.0
+    # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 (l_unit) at m =
+    # its logit (sink_log2 is -inf without one).
     m_i = gl.zeros([WG_M], gl.float32, layout=row_layout) + sink_log2
-    l_i = gl.where(m_i == float("-inf"), 0.0, 1.0)
+    l_i = gl.where(m_i == float("-inf"), 0.0, l_unit)
     acc = gl.zeros([WG_M, BLOCK_D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, layout=s_layout)
     q_tile = q_smem.index(WG)
@@ -465,7 +484,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_log2, WG, CONSUMERS, BLOCK_N, BLOCK_D,
                 STAGES,
                 SCORE_MOD, O_IN_Q_BUFFER, 1, D1)
         elif use_segments != 0:
@@ -473,7 +492,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_log2, WG, CONSUMERS, BLOCK_N, BLOCK_D,
                 STAGES,
                 SCORE_MOD, O_IN_Q_BUFFER, 2, D1)
         else:
@@ -481,7 +500,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,
                 turn_phase, lo, full_lo, full_hi, n_full, n_tiles, rows, offs_n, seqlen_k, diagonal, window_left,
                 window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_scale, WG, CONSUMERS, BLOCK_N, BLOCK_D,
+                softmax_scale, q_tile1, k_smem1, v_smem1, acc1, mods, row0, p_log2, WG, CONSUMERS, BLOCK_N, BLOCK_D,
                 STAGES,
                 SCORE_MOD, O_IN_Q_BUFFER, 0, D1)
     elif not O_IN_Q_BUFFER:
@@ -491,7 +510,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     l_o = gl.convert_layout(l_i, orow_layout)
     empty = l_o == 0.0
     out = acc / gl.where(empty, 1.0, l_o)[:, None]
-    lse = gl.where(empty, float("-inf"), (gl.convert_layout(m_i, orow_layout) + gl.log2(l_o)) * LN2)
+    lse = gl.where(empty, float("-inf"), (gl.convert_layout(m_i, orow_layout) + gl.log2(l_o) - p_log2) * LN2)
     out1 = None
     if D1 > 0:
         l_o1 = gl.convert_layout(l_i, orow_layout1)
@@ -588,8 +607,9 @@ def attn_fwd_sm90(
     WG_M: gl.constexpr = 64  # query rows per consumer warpgroup
     CONSUMERS: gl.constexpr = BLOCK_M // WG_M
     # Out is staged in its own buffer where shared memory has room for one (the next tile's Q
-    # then loads during this tile's last product), else in the Q buffer.
-    O_IN_Q_BUFFER: gl.constexpr = BLOCK_D > 128
+    # then loads during this tile's last product), else in the Q buffer; FP8 inputs always in
+    # their own (Q's is 8-bit, and 8-bit K and V tiles leave the room: 164 KB at d256).
+    O_IN_Q_BUFFER: gl.constexpr = (BLOCK_D > 128) & (FP8 == 0)
     # A bucket that is not a power of two (96, 192) is two pieces of the head dim, each a power of
     # two as tensor shapes must be: D0 = 64 or 128 columns, then D1 = 32 or 64. Every product runs
     # on both (S sums them, O is two accumulators) and TMA moves each piece with its own
@@ -597,7 +617,7 @@ def attn_fwd_sm90(
     D0: gl.constexpr = BLOCK_D if (BLOCK_D & (BLOCK_D - 1)) == 0 else BLOCK_D * 2 // 3
     D1: gl.constexpr = BLOCK_D - D0
     gl.static_assert((D1 == 0) | (D1 * 2 == D0), "a head-dim bucket is a power of two or 1.5 times one")
-    gl.static_assert((FP8 == 0) | ((D1 == 0) & (BLOCK_D <= 128)), "FP8 inputs: the 64 and 128 buckets")
+    gl.static_assert((FP8 == 0) | (D1 == 0), "FP8 inputs: the power-of-two buckets")
     # FP8 inputs (forward.py's FP8): Q, K and V reinterpreted, V given as V^T (fp8.py).
     Q = fp8_pointer(Q, FP8)
     K = fp8_pointer(K, FP8)
@@ -683,12 +703,13 @@ def attn_fwd_sm90(
     sink_log2 = qk_scale * 0.0 + float("-inf")
     if use_sinks != 0:
         sink_log2 = gl.load(Sinks + head) * LOG2E
-    # FP8: q's and k's descales fold into the scores' scale, V's (over P's scale) into the output's.
+    # FP8: q's and k's descales fold into the scores' scale, V's into the output's (P's scale
+    # cancels in out = acc / l, both summing scaled probabilities).
     out_scale = qk_scale * 0.0 + 1.0
     if FP8:
         qk_scale = qk_scale * (descale_at(QDescale, batch, head // q_descale_group, stride_qdescaleb, stride_qdescaleh)
                                * descale_at(KDescale, batch, kv_head, stride_kdescaleb, stride_kdescaleh))
-        out_scale = descale_at(VDescale, batch, kv_head, stride_vdescaleb, stride_vdescaleh) / p_scale
+        out_scale = descale_at(VDescale, batch, kv_head, stride_vdescaleb, stride_vdescaleh)
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     span_base = SegmentSpans + batch * stride_spanb

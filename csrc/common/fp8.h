@@ -33,9 +33,14 @@ double round_to_fp8(double x, ScalarType format);
 // The probabilities' scale in the FP8 forward: P is multiplied by it before its rounding to
 // e4m3 for the second product (P V on FP8 tensor cores), and the product divided by it after.
 // 2^8 keeps probabilities down to 2^-17 from flushing to zero (e4m3's smallest subnormal is
-// 2^-9) and the largest, 1, well under e4m3's 448; a power of two, so the scaling is exact.
+// 2^-9) and the largest, 1, well under e4m3's 448; a power of two, so the scaling is exact (and
+// the Hopper kernel folds it into exp2's argument as its exponent, forward_sm90._attend_tile).
 // The kernel takes it as an argument: this is its one definition.
 constexpr double kFp8ProbabilityScale = 256.0;
+static_assert(kFp8ProbabilityScale >= 1 &&
+                  static_cast<double>(static_cast<uint64_t>(kFp8ProbabilityScale)) == kFp8ProbabilityScale &&
+                  (static_cast<uint64_t>(kFp8ProbabilityScale) & (static_cast<uint64_t>(kFp8ProbabilityScale) - 1)) == 0,
+              "the FP8 probability scale must be a power of two");
 
 // An optional descale factor: float32, [batch, heads] (heads: kv_heads, or also the query heads
 // where `query_heads` is nonzero, for a q_descale per query head), on ref's device, any strides.

@@ -11,8 +11,8 @@ import torch
 
 import fattn
 from helpers import (
-    FP8_CASES, Fp8Problem, KVCache, check_outputs, fp8_call, fp8_case_id, fp8_problem, fp8_references, fp8_step,
-    poison_allocator, requires_gpu, seqlens_tensor, skip_without_ptx, stored_tokens,
+    FP8_CASES, Fp8Problem, KVCache, check_outputs, fp8_call, fp8_case_id, fp8_kernels_on, fp8_problem, fp8_references,
+    fp8_step, poison_allocator, requires_gpu, seqlens_tensor, skip_without_ptx, stored_tokens,
 )
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -22,12 +22,8 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 HALF = [torch.float16, torch.bfloat16]
 
 
-def _fp8_gpu():
-    return torch.cuda.get_device_capability() in ((8, 9), (9, 0))
-
-
 # (without a GPU, requires_gpu gives the reason)
-requires_fp8 = pytest.mark.skipif(torch.cuda.is_available() and not _fp8_gpu(),
+requires_fp8 = pytest.mark.skipif(torch.cuda.is_available() and not fp8_kernels_on(DEV),
                                   reason="needs an sm_89 or sm_90 GPU (the FP8 KV cache kernels' archs)")
 
 
@@ -190,7 +186,7 @@ def test_fp8_cuda_graph_decode_step_with_append(page_size):
 def test_fp8_cache_refused_on_an_arch_without_fp8_kernels(monkeypatch):
     """On a GPU without FP8 kernels (or, on sm_89/sm_90, through the sm_80 PTX), the call fails
     naming the archs, before any write."""
-    if _fp8_gpu():
+    if fp8_kernels_on(DEV):
         skip_without_ptx(80, "attn_decode_split")
         monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", "80")
     cache = KVCache(2, 64, 2, 64, E4M3, DEV)

@@ -11,18 +11,13 @@ import pytest
 import torch
 
 import fattn
-from helpers import kernels_launched, poison_allocator, requires_gpu, skip_without_ptx
+from helpers import fp8_kernels_on, kernels_launched, poison_allocator, requires_gpu, skip_without_ptx
 from helpers.fp8 import FP8_DTYPES, check_fp8_accuracy, fp8_qkv, fp8_references
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
 
-def _fp8_gpu():
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor >= 89
-
-
-needs_fp8 = pytest.mark.skipif(not torch.cuda.is_available() or not _fp8_gpu(),
+needs_fp8 = pytest.mark.skipif(not torch.cuda.is_available() or not fp8_kernels_on("cuda"),
                                reason="needs a CUDA GPU with FP8 tensor cores (sm_89 or newer)")
 
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim)

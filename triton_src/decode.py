@@ -65,6 +65,16 @@ def _cache_row(CacheBatchIdx, batch, use_batch_idx):
 # Triton's interpreter (tests/interpret_decode_kernels.py) runs these kernels on the CPU.
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
+def _fp8_to_f16x4(fmt: str) -> str:
+    """PTX converting the four FP8 values (`fmt`: e4m3 or e5m2) of register $2 to float16 in $0
+    (the first two) and $1."""
+    return ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            f"cvt.rn.f16x2.{fmt}x2 $0, lo; cvt.rn.f16x2.{fmt}x2 $1, hi; }}")
+
+
+E4M3_TO_F16X4 = tl.constexpr(_fp8_to_f16x4("e4m3"))
+E5M2_TO_F16X4 = tl.constexpr(_fp8_to_f16x4("e5m2"))
+
 # The FP8 caches' largest finite values (e4m3fn, e5m2): the append saturates to them.
 FP8_E4M3_MAX = tl.constexpr(448.0)
 FP8_E5M2_MAX = tl.constexpr(57344.0)
@@ -124,14 +134,8 @@ def _fp8_values_operand(v, dtype: tl.constexpr, KV_FP8: tl.constexpr):
     no PTX: there the plain cast, the same exact conversion."""
     if INTERPRETED:
         return v.to(dtype)
-    elif KV_FP8 == 1:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
-    else:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi; }",
-            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+    return tl.inline_asm_elementwise(E4M3_TO_F16X4 if KV_FP8 == 1 else E5M2_TO_F16X4, "=r,=r,r",
+                                     [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit

@@ -311,7 +311,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     FP8 inputs: P goes to V in e4m3 times 2^p_log2 (_softmax, _p_operand), and V's slots hold
     V^T tiles, which the product reads K-major through a permuted view. The loop carries P(j-1)
     as float32 and converts it just before its product: carried as e4m3, its bytes crossed the
-    back edge one register each and were packed again (4 PRMT per register)."""
+    back edge one register each and were packed again (6 PRMT and 2 SHF per operand register)."""
     dtype: gl.constexpr = q_tile.dtype
     FP8: gl.constexpr = dtype.is_fp8()
     MMA_K: gl.constexpr = 32 if FP8 else 16

@@ -65,6 +65,7 @@ def _cache_row(CacheBatchIdx, batch, use_batch_idx):
 # Triton's interpreter (tests/interpret_decode_kernels.py) runs these kernels on the CPU.
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
+
 def _fp8_to_f16x4(fmt: str) -> str:
     """PTX converting the four FP8 values (`fmt`: e4m3 or e5m2) of register $2 to float16 in $0
     (the first two) and $1."""

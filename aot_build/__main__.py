@@ -35,7 +35,8 @@ def build(out_dir: Path, jobs: int | None = None, cache_dir: Path | None = None,
     jobs = jobs or int(os.environ.get("FATTN_BUILD_JOBS", 0)) or os.cpu_count() or 1
     limits = config["shared_memory_limit"]
     packing = compress.mode(env)
-    with_ptx = grid.ptx_archs(sorted({v.arch for v in variants}), env)
+    archs = sorted({v.arch for v in variants})
+    with_ptx = grid.ptx_archs(archs, env, grid.served_archs(config, archs))
     log(f"aot_build: {len(variants)} variants, {jobs} jobs, triton {triton.__version__}, "
         f"images {'compressed fatbinaries' if packing == 'fatbinary' else 'raw (uncompressed)'}, "
         f"PTX for {', '.join(f'sm_{a}' for a in with_ptx) or 'no arch'} (FATTN_PTX_ARCHS), cache {cache_dir}")

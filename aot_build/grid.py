@@ -14,9 +14,8 @@ from pathlib import Path
 
 CONFIG_PATH = Path(__file__).with_name("configs.json")
 TUNED_DIR = Path(__file__).with_name("tuned")  # aot_build/tune.py's output: sm<arch>.json
-# sm_89 (Ada) is left out: it runs sm_86's cubins (same major; the same tiles, as both have 99 KB
-# of shared memory), so its own would only double the sm_86 share of the wheel. `all` adds it.
-DEFAULT_ARCHS = "75;80;86;90"
+# sm_89 builds only what sm_86 lacks (configs.json "served_by": its FP8 variants); `all` is the same.
+DEFAULT_ARCHS = "75;80;86;89;90"
 
 
 class GridError(ValueError):
@@ -93,16 +92,27 @@ def selected_archs(config: dict, env: dict | None = None) -> list[int]:
     return sorted(set(archs))
 
 
-def ptx_archs(archs: list[int], env: dict | None = None) -> list[int]:
+def served_archs(config: dict, archs: list[int]) -> dict[int, int]:
+    """{arch: the built arch serving it}: configs.json's "served_by" entries whose serving arch is
+    in `archs` too. Such an arch builds only the variants the serving arch lacks (expand)."""
+    served = {int(a): int(e["arch"]) for a, e in config.get("served_by", {}).items() if not a.startswith("_")}
+    for a, by in served.items():
+        if by >= a or by // 10 != a // 10:
+            raise GridError(f"configs.json served_by: sm{a} by sm{by}; a cubin serves later minors of its major only")
+    return {a: by for a, by in served.items() if a in archs and by in archs}
+
+
+def ptx_archs(archs: list[int], env: dict | None = None, served: dict[int, int] | None = None) -> list[int]:
     """The archs (of the built `archs`) whose variants embed their PTX, from FATTN_PTX_ARCHS:
-    `newest` (default), the newest built arch other than sm_90, the only one whose PTX the
-    runtime runs by itself (a GPU newer than every cubin; sm_90's PTX uses sm_90a features);
-    `all`; `none`; or a list. PTX is about half the compressed images, so the others are left
-    out unless asked for (FATTN_FORCE_PTX_ARCH runs older archs' code on a newer GPU)."""
+    `newest` (default), the newest built arch other than sm_90 that builds the whole grid (not
+    one of `served`, served_archs's keys), the only one whose PTX the runtime runs by itself (a
+    GPU newer than every cubin; sm_90's PTX uses sm_90a features); `all`; `none`; or a list.
+    PTX is about half the compressed images, so the others are left out unless asked for
+    (FATTN_FORCE_PTX_ARCH runs older archs' code on a newer GPU)."""
     env = os.environ if env is None else env
     text = env.get("FATTN_PTX_ARCHS", "newest").strip().lower()
     if text == "newest":
-        older = [a for a in archs if a != 90]
+        older = [a for a in archs if a != 90 and a not in (served or {})]
         return [max(older)] if older else []
     if text == "all":
         return sorted(archs)
@@ -203,7 +213,11 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
     """All variants to build, in a stable order."""
     config = load_config() if config is None else config
     archs = selected_archs(config, env)
+    served = served_archs(config, archs)
     variants = []
+    # (kernel, arch, dtype, bucket, flags) -> its variant: what a served arch's variant is
+    # compared against (the runtime looks variants up by that key).
+    by_key = {}
     for kernel, kcfg in config["kernels"].items():
         buckets = selected_buckets(kcfg, env)
         flag_names = list(kcfg["flags"])
@@ -224,7 +238,24 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
                 constants = dict(tile, **flags)
                 if "head_dim_buckets" in kcfg:
                     constants["BLOCK_D"] = bucket
-                variants.append(Variant(kernel, impl["source"] if impl else kcfg["source"], arch, dtype,
-                                        tuple(sorted(constants.items())), num_warps, num_stages,
-                                        impl["kernel"] if impl else ""))
+                variant = Variant(kernel, impl["source"] if impl else kcfg["source"], arch, dtype,
+                                  tuple(sorted(constants.items())), num_warps, num_stages,
+                                  impl["kernel"] if impl else "")
+                key = (kernel, dtype, bucket, flag_values)
+                serving = by_key.get((served[arch],) + key) if arch in served else None
+                if serving is not None:
+                    _check_served(variant, serving)
+                    continue
+                by_key[(arch,) + key] = variant
+                variants.append(variant)
     return variants
+
+
+def _check_served(variant: Variant, serving: Variant) -> None:
+    """A served arch's variant is left to the serving arch's cubin only if that one is the same
+    code: a tile of its own (configs.json, tuned/) would otherwise be silently never built."""
+    own = (variant.constants, variant.num_warps, variant.num_stages, variant.implementation)
+    other = (serving.constants, serving.num_warps, serving.num_stages, serving.implementation)
+    if own != other:
+        raise GridError(f"{variant.label} differs from {serving.label}, whose cubin serves sm{variant.arch} "
+                        f"(configs.json served_by): give both archs the same tile, or drop the served_by entry")

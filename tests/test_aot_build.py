@@ -25,25 +25,32 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     for name, kcfg in config["kernels"].items():
         per_kernel = 0
         # A kernel without head-dim buckets is built once per arch and dtype, as bucket 0.
-        for arch, bucket, *flags in itertools.product([75, 80, 86, 90], kcfg.get("head_dim_buckets", [0]),
+        for arch, bucket, *flags in itertools.product([75, 80, 86, 89, 90], kcfg.get("head_dim_buckets", [0]),
                                                       *kcfg["flags"].values()):
             flags = dict(zip(kcfg["flags"], flags))
             for dtype in kcfg["dtypes"]:
-                left_out = any(arch in e.get("archs", [arch]) and bucket in e.get("buckets", [bucket])
+                def left_out(arch):
+                    return any(arch in e.get("archs", [arch]) and bucket in e.get("buckets", [bucket])
                                and dtype in e.get("dtypes", [dtype])
                                and all(flags[f] in (want if isinstance(want, list) else [want])
                                        for f, want in e["flags"].items())
                                for e in kcfg.get("exclude", []))
-                per_kernel += 0 if left_out else 1
+                # sm_89 builds only what sm_86 lacks (configs.json served_by).
+                per_kernel += 0 if left_out(arch) or (arch == 89 and not left_out(86)) else 1
         assert sum(v.kernel == name for v in variants) == per_kernel, name
         expected += per_kernel
     assert len(variants) == expected
     # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x WIDE 1/2;
-    # the FP8 caches' (KV_FP8 1, 2) only on sm_90 here (and sm_89), the decoding tile, both head-dim codes.
+    # the FP8 caches' (KV_FP8 1, 2) only on sm_89 and sm_90, the decoding tile, both head-dim codes.
     assert sum(v.kernel == "attn_decode_split" for v in variants) == (4 * 2 * 4 * 2 * 3 - 2 * 4 * 2 * 2
-                                                                      + 2 * 4 * 2 * 2 * 2)
+                                                                      + 2 * 2 * 4 * 2 * 2 * 2)
     fp8 = [v for v in variants if v.constant_dict.get("KV_FP8", 0) != 0]
-    assert {v.arch for v in fp8} == {90} and {v.kernel for v in fp8} == {"attn_decode_split", "kv_append"}
+    assert {v.arch for v in fp8} == {89, 90} and {v.kernel for v in fp8} == {"attn_decode_split", "kv_append"}
+    # sm_89 holds the FP8 variants alone: everything else on an 8.9 GPU runs sm_86's cubins.
+    assert {v.kernel for v in variants if v.arch == 89} == {"attn_fwd", "attn_decode_split", "kv_append",
+                                                           "fp8_transpose_v"}
+    assert all(v.constant_dict.get("FP8", 0) or v.constant_dict.get("KV_FP8", 0) or v.kernel == "fp8_transpose_v"
+               for v in variants if v.arch == 89)
     assert all(v.constant_dict.get("WIDE", 0) == 0 for v in fp8)
     # The large families build only the padded head-dim code (it serves exact dims too, the
     # chooser falls back to it: common/kernel_choice.h); the small ones both, and so does the
@@ -55,13 +62,13 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     # segment_spans reads int32 ids alone: no head dim, one variant per arch.
     spans = [v for v in variants if v.kernel == "segment_spans"]
     assert len(spans) == 4 and all("BLOCK_D" not in v.constant_dict for v in spans)
-    assert len(grid.expand(env={"FATTN_CUDA_ARCHS": "all"})) > len(variants)  # all adds sm_89
-    assert {v.arch for v in variants} == {75, 80, 86, 90}  # sm_89 runs sm_86's cubins
+    assert grid.expand(env={"FATTN_CUDA_ARCHS": "all"}) == variants
+    assert {v.arch for v in variants} == {75, 80, 86, 89, 90}
     assert {v.kernel for v in variants} == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq",
                                             "segment_spans", "attn_merge", "attn_decode_split", "attn_decode_merge",
                                             "kv_append", "rotate_queries", "fp8_transpose_v"}
-    # FP8's V^T kernel: once per arch with FP8 tensor cores (sm_90 in the default grid).
-    assert [v.arch for v in variants if v.kernel == "fp8_transpose_v"] == [90]
+    # FP8's V^T kernel: once per arch with FP8 tensor cores.
+    assert [v.arch for v in variants if v.kernel == "fp8_transpose_v"] == [89, 90]
     assert len({(v.kernel, v.arch, v.dtype, v.constants) for v in variants}) == len(variants)
 
 
@@ -85,10 +92,40 @@ def test_bad_knobs_are_errors(env):
         grid.expand(env=env)
 
 
+def test_served_arch_builds_only_what_the_serving_arch_lacks(tmp_path):
+    # configs.json served_by: with sm_86 in the build, sm_89 gets the variants whose lookup key
+    # (kernel, dtype, bucket, flags) sm_86 has none of, the FP8 ones; built alone, everything.
+    def keyed(variants, arch):
+        return {(v.kernel, v.dtype, v.constants) for v in variants if v.arch == arch}
+
+    both = grid.expand(env={"FATTN_CUDA_ARCHS": "86;89"})
+    alone = grid.expand(env={"FATTN_CUDA_ARCHS": "89"})
+    sm86 = grid.expand(env={"FATTN_CUDA_ARCHS": "86"})
+    assert keyed(both, 86) == keyed(sm86, 86)
+    assert keyed(both, 89) == keyed(alone, 89) - {(k, d, c) for k, d, c in keyed(sm86, 86)}
+    assert keyed(both, 89) and all(dict(c).get("FP8", 0) or dict(c).get("KV_FP8", 0) or k == "fp8_transpose_v"
+                                   for k, _, c in keyed(both, 89))
+    assert len(alone) == len(sm86) + len(keyed(both, 89))
+    assert grid.served_archs(grid.load_config(), [86, 89, 90]) == {89: 86}
+    assert grid.served_archs(grid.load_config(), [89, 90]) == {}
+
+    # An sm_89 tile that differs from sm_86's would never be built: a build error.
+    config = json.loads(grid.CONFIG_PATH.read_text())
+    config["kernels"]["attn_merge"]["configs"]["89"] = {"default": {"BLOCK_M": 32, "num_warps": 2, "num_stages": 1}}
+    with pytest.raises(grid.GridError, match=r"attn_merge sm89 .* differs from attn_merge sm86 .*served_by"):
+        grid.expand(config, {"FATTN_CUDA_ARCHS": "86;89"})
+    assert any(v.arch == 89 and v.kernel == "attn_merge" for v in grid.expand(config, {"FATTN_CUDA_ARCHS": "89"}))
+    config["served_by"] = {"86": {"arch": 89}}
+    with pytest.raises(grid.GridError, match="served_by: sm86 by sm89"):
+        grid.expand(config, {"FATTN_CUDA_ARCHS": "86;89"})
+
+
 def test_ptx_archs_knob():
     every = [75, 80, 86, 89, 90]
-    # By default only the PTX a GPU newer than every cubin can run: the newest arch but sm_90.
+    # By default only the PTX a GPU newer than every cubin can run: the newest arch but sm_90,
+    # and not one that another arch serves (sm_89 beside sm_86 holds FP8 variants alone).
     assert grid.ptx_archs(every, {}) == [89]
+    assert grid.ptx_archs(every, {}, {89: 86}) == [86]
     assert grid.ptx_archs([80, 90], {"FATTN_PTX_ARCHS": "newest"}) == [80]
     assert grid.ptx_archs([90], {}) == []
     assert grid.ptx_archs(every, {"FATTN_PTX_ARCHS": "all"}) == every
@@ -164,8 +201,10 @@ def test_every_arch_and_bucket_has_a_config():
     # to a tile config (attn_fwd's 96 and 192 and attn_bwd_dkdv's 96 buckets have the Hopper
     # implementations' alone).
     config = grid.load_config()
+    # One arch at a time: built with sm_86, sm_89 holds only the FP8 variants (served_by).
     built = {(v.kernel, v.arch, v.constant_dict.get("BLOCK_D", 0))
-             for v in grid.expand(config, env={"FATTN_CUDA_ARCHS": "all"}) if not v.implementation}
+             for arch in config["archs"] for v in grid.expand(config, env={"FATTN_CUDA_ARCHS": str(arch)})
+             if not v.implementation}
     for name, kcfg in config["kernels"].items():
         for arch in config["archs"]:
             for bucket in grid.selected_buckets(kcfg, env={}):
@@ -436,10 +475,10 @@ def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
     assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in accumulating} == {64: 128, 128: 64}
     without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
-    # Every arch, dtype, power-of-two bucket and SCORE_MOD 0-2, sm_90's 96 bucket for SCORE_MOD 0 and
-    # 1, and its 64, 96 and 128 buckets for SCORE_MOD 3 (ALiBi without a softcap) and 4 (a bias
-    # read by TMA).
-    assert len(without) == len(variants) - len(accumulating) == 5 * 2 * 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2
+    # Every arch but sm_89 (sm_86's serve it: configs.json served_by), dtype, power-of-two bucket
+    # and SCORE_MOD 0-2, sm_90's 96 bucket for SCORE_MOD 0 and 1, and its 64, 96 and 128 buckets for
+    # SCORE_MOD 3 (ALiBi without a softcap) and 4 (a bias read by TMA).
+    assert len(without) == len(variants) - len(accumulating) == 4 * 2 * 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["BLOCK_N"], v.implementation) for v in variants
             if v.constant_dict["SCORE_MOD"] == 3} == {(90, d, 128, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)}
 

@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fattn
-from fattn._library import pick_arch, pick_path
+from fattn._library import pick_arch, pick_path, serving_archs
 from helpers import FORWARD, check_fake_raises_like_op
 
 
@@ -124,3 +124,9 @@ def test_arch_rule_cubins_then_newer_gpus_on_ptx_then_refusal():
         assert pick_arch("attn_fwd", 8, 6) == 80     # an sm_80 cubin runs on 8.6
     if 90 in built:
         assert pick_arch("attn_fwd", 9, 1) is None or 91 in built  # sm_90a code runs on 9.0 only
+    # A variant the serving arch lacks comes from the next older arch of its major (sm_89 holds
+    # only the FP8 variants beside sm_86: configs.json served_by), never from sm_90.
+    for arch in built:
+        older = max((a for a in built if a // 10 == arch // 10 and a < arch and a != 90), default=None)
+        assert serving_archs("attn_fwd", arch // 10, arch % 10) == (arch, False, older)
+    assert serving_archs("attn_fwd", 7, 0) is None

@@ -71,6 +71,18 @@ def test_fp8_cache_split_counts(num_splits):
 
 
 @requires_fp8
+@pytest.mark.parametrize("case", FP8_CASES[:6], ids=fp8_case_id)
+def test_fp8_cache_on_sm89_code_via_ptx(case, monkeypatch):
+    """An 8.9 GPU's code, run here through the PTX (built with FATTN_PTX_ARCHS naming 86 and 89):
+    the split kernel and the append from sm_89 (which holds the FP8 variants alone beside sm_86:
+    configs.json served_by), the merge and the query rotation from sm_86."""
+    skip_without_ptx(89, "attn_decode_split", "kv_append")
+    skip_without_ptx(86, "attn_decode_merge", "rotate_queries")
+    monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", "89")
+    _check_against_the_cpu_op(fp8_problem(case, torch.bfloat16, DEV), what=f"sm_89 PTX {case[0]}")
+
+
+@requires_fp8
 @pytest.mark.parametrize("cache_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("page_size", [None, 256], ids=["contiguous", "paged256"])
 def test_fp8_long_cache_gqa_d128(cache_dtype, page_size):

@@ -160,6 +160,27 @@ def test_fp8_varlen_seqused_k_never_reads_the_unused_keys():
         check_fp8_accuracy(out[None, rows], lse[None, :, rows], refs, what=f"sequence {b}")
 
 
+@needs_fp8
+@pytest.mark.parametrize("fp8", FP8_DTYPES, ids=str)
+def test_fp8_forward_on_sm89_code_via_ptx(fp8, monkeypatch):
+    """An 8.9 GPU's code, run here through the PTX (built with FATTN_PTX_ARCHS naming 86 and 89):
+    sm_89 holds the FP8 variants alone where sm_86 is built too (configs.json served_by), so FP8
+    calls run sm_89's, and a 16-bit call, which sm_89 lacks, the next older arch's (sm_86's)."""
+    skip_without_ptx(89, "attn_fwd", "fp8_transpose_v")
+    skip_without_ptx(86, "attn_fwd")
+    monkeypatch.setenv("FATTN_FORCE_PTX_ARCH", "89")
+    for case in [(2, 113, 1000, 4, 2, 64), (1, 257, 300, 4, 4, 128), (1, 100, 100, 2, 1, 256)]:
+        for causal in (False, True):
+            _check(case, fp8, causal)
+    _check((1, 300, 300, 4, 2, 128), fp8, True, window_size=(64, 16), softcap=5.0)
+    q, k, v = (torch.randn(2, 300, h, 128, dtype=torch.bfloat16, device="cuda") for h in (4, 2, 2))
+    out = fattn.flash_attn_func(q, k, v, causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).double(), k.transpose(1, 2).double(), v.transpose(1, 2).double(), is_causal=True,
+        enable_gqa=True).transpose(1, 2)
+    assert (out.double() - want).abs().max().item() < 2e-2
+
+
 def test_fp8_needs_fp8_tensor_cores(monkeypatch):
     """On an arch without FP8 tensor cores (run here through sm_80's PTX) the call fails naming it."""
     skip_without_ptx(80, "attn_fwd")

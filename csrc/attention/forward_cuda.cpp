@@ -53,7 +53,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const int64_t fp8_inputs = fp8_flag(q.scalar_type());
   const ArchChoice arch = choose_arch(op, attn_fwd::kId, attn_fwd::kName, q.get_device_index());
   if (fp8.active && arch.arch < 89) {
-    // An sm_89 GPU runs sm_86's cubins where the build has no sm_89 ones (the wheels' default).
+    // An sm_89 GPU runs sm_86's cubins where the build has no sm_89 ones (FATTN_CUDA_ARCHS without 89).
     const int device_arch = cuda::compute_capability(q.get_device_index());
     if (device_arch >= 89 && !arch.from_ptx) {
       fail(op, "float8 q, k and v need FP8 kernels for sm_89 or sm_90, and this GPU (sm_", device_arch,
@@ -61,7 +61,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
     }
     fail(op, "float8 q, k and v need FP8 tensor cores (sm_89 or sm_90); this GPU is sm_", arch.arch);
   }
-  const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch.arch, kernel_dtype(out_dtype), s.head_dim);
+  const int bucket = choose_bucket(op, attn_fwd::kId, attn_fwd::kName, arch, kernel_dtype(out_dtype), s.head_dim);
   // The Hopper kernel loads by TMA, which needs 16-byte aligned rows: FP8 rows of a head dim that
   // is 8 mod 16 (or views with such strides) run attn_fwd.
   const bool loop_allowed = !fp8.active || (meets_stride_multiple(q, 16) && meets_stride_multiple(k, 16));

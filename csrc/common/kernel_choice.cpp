@@ -34,6 +34,12 @@ void warn_ptx_fallback_once(int device_arch, int ptx_arch, const std::vector<int
                device_arch, runtime::join_archs(built).c_str(), ptx_arch, device_arch);
 }
 
+// "sm_89", or "sm_89 (or sm_86)" where an older arch serves what it lacks.
+std::string arch_names(const ArchChoice& a) {
+  std::string names = "sm_" + std::to_string(a.arch);
+  return a.older < 0 ? names : names + " (or sm_" + std::to_string(a.older) + ")";
+}
+
 }  // namespace
 
 ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int device) {
@@ -42,14 +48,18 @@ ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int de
   const int forced = runtime::forced_ptx_arch();
   const std::vector<int>& with_ptx = runtime::ptx_archs(kernel_id);
   if (forced >= 0) {
-    if (std::find(with_ptx.begin(), with_ptx.end(), forced) == with_ptx.end()) {
+    // As a GPU of the forced arch would: its own PTX, else (a kernel it builds nothing of, as
+    // sm_89 builds only FP8 variants) the next older arch's of its major.
+    const bool own = std::find(with_ptx.begin(), with_ptx.end(), forced) != with_ptx.end();
+    const int arch = own ? forced : runtime::next_older_arch(with_ptx, forced);
+    if (arch < 0) {
       fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " but this build has ", kernel, " PTX for ",
            runtime::join_archs(with_ptx), " (FATTN_PTX_ARCHS at build time chooses which archs keep their PTX)");
     }
     if (forced > device_arch) {
       fail(op, "FATTN_FORCE_PTX_ARCH=", forced, " is newer than the GPU (sm_", device_arch, ")");
     }
-    return {forced, true};
+    return {arch, true, runtime::next_older_arch(with_ptx, arch)};
   }
   const runtime::ArchPath path = runtime::pick_path(built, with_ptx, device_arch);
   if (path.arch < 0) {
@@ -57,26 +67,30 @@ ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int de
          runtime::join_archs(built), ". Rebuild with FATTN_CUDA_ARCHS including ", device_arch);
   }
   if (path.ptx) warn_ptx_fallback_once(device_arch, path.arch, built);
-  return {path.arch, path.ptx};
+  return {path.arch, path.ptx, runtime::next_older_arch(path.ptx ? with_ptx : built, path.arch)};
 }
 
-int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, DType dtype, int64_t head_dim) {
-  const std::vector<int>& buckets = runtime::built_buckets(kernel_id, arch, dtype);
-  for (int b : buckets) {
-    if (b >= head_dim) return b;
-  }
+int choose_bucket(const char* op, int kernel_id, const char* kernel, const ArchChoice& a, DType dtype,
+                  int64_t head_dim) {
   std::string built;
-  for (int b : buckets) built += (built.empty() ? "" : ", ") + std::to_string(b);
-  fail(op, "head_dim ", head_dim, " has no compiled ", kernel, " kernel for sm_", arch, " (head-dim buckets built: ",
-       built.empty() ? "none" : built, "); rebuild with FATTN_HEAD_DIMS including ", head_dim);
+  for (int arch : {a.arch, a.older}) {
+    const std::vector<int>& buckets = runtime::built_buckets(kernel_id, arch, dtype);
+    for (int b : buckets) {
+      if (b >= head_dim) return b;
+    }
+    for (int b : buckets) built += (built.empty() ? "" : ", ") + std::to_string(b);
+  }
+  fail(op, "head_dim ", head_dim, " has no compiled ", kernel, " kernel for ", arch_names(a),
+       " (head-dim buckets built: ", built.empty() ? "none" : built, "); rebuild with FATTN_HEAD_DIMS including ",
+       head_dim);
 }
 
 DType kernel_dtype(ScalarType dtype) {
   return dtype == ScalarType::Half ? DType::F16 : dtype == ScalarType::BFloat16 ? DType::BF16 : DType::F32;
 }
 
-void fail_no_variant(const char* op, const char* kernel, int arch, DType dtype, int bucket) {
-  fail(op, "the build has no ", kernel, " variant for sm_", arch, " ", runtime::dtype_tag(dtype),
+void fail_no_variant(const char* op, const char* kernel, const ArchChoice& a, DType dtype, int bucket) {
+  fail(op, "the build has no ", kernel, " variant for ", arch_names(a), " ", runtime::dtype_tag(dtype),
        " with BLOCK_D=", bucket, " and the requested flags; see aot_build/configs.json");
 }
 

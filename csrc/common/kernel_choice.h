@@ -2,8 +2,10 @@
 //
 // choose<K>() picks the variant of kernel K (a struct of the generated kernel_launchers.h)
 // for a call: the arch that serves the device (or FATTN_FORCE_PTX_ARCH), the smallest
-// head-dim bucket that holds head_dim and has the op's flags, and those flags. It looks at a
-// handful of buckets and allocates nothing unless it fails; errors name what the build lacks.
+// head-dim bucket that holds head_dim and has the op's flags, and those flags; a variant that
+// arch lacks comes from the next older arch of its major (configs.json "served_by": sm_89 holds
+// only the FP8 variants, sm_86 the rest). It looks at a handful of buckets and allocates nothing
+// unless it fails; errors name what the build lacks.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
@@ -21,26 +23,28 @@ namespace fattn {
 struct ArchChoice {
   int arch;
   bool from_ptx;
+  int older;  // the next older arch of arch's major with cubins (PTX if from_ptx), else -1
 };
 
 // The arch serving `device` for kernel `kernel_id` (named `kernel` in errors).
 ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int device);
-// The smallest built head-dim bucket >= head_dim.
-int choose_bucket(const char* op, int kernel_id, const char* kernel, int arch, runtime::DType dtype,
+// The smallest head-dim bucket >= head_dim built for a.arch, else for a.older.
+int choose_bucket(const char* op, int kernel_id, const char* kernel, const ArchChoice& a, runtime::DType dtype,
                   int64_t head_dim);
 runtime::DType kernel_dtype(ScalarType dtype);
-[[noreturn]] void fail_no_variant(const char* op, const char* kernel, int arch, runtime::DType dtype, int bucket);
+[[noreturn]] void fail_no_variant(const char* op, const char* kernel, const ArchChoice& a, runtime::DType dtype,
+                                  int bucket);
 
 // The variant of K with `flags` in head_dim's bucket. A head dim that fills its bucket runs the
 // exact-dim code (PAD_D off) where the build has it and `exact_dim` allows it, else the padded
 // code, which serves every head dim of its bucket (configs.json builds only the padded code of
 // the large families).
 template <typename K>
-const runtime::KernelEntry* find_for_head_dim(const ArchChoice& a, runtime::DType dtype, int bucket,
-                                              int64_t head_dim, const typename K::Flags& flags, bool exact_dim) {
+const runtime::KernelEntry* find_for_head_dim(int arch, runtime::DType dtype, int bucket, int64_t head_dim,
+                                              const typename K::Flags& flags, bool exact_dim) {
   const bool pad = bucket != head_dim || !exact_dim;
-  const runtime::KernelEntry* entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, pad));
-  if (entry == nullptr && !pad) entry = runtime::find_variant(K::kId, a.arch, dtype, bucket, K::flags_key(flags, true));
+  const runtime::KernelEntry* entry = runtime::find_variant(K::kId, arch, dtype, bucket, K::flags_key(flags, pad));
+  if (entry == nullptr && !pad) entry = runtime::find_variant(K::kId, arch, dtype, bucket, K::flags_key(flags, true));
   return entry;
 }
 
@@ -55,15 +59,17 @@ runtime::Variant<K> choose_first(const char* op, int device, ScalarType scalar_t
                                  std::initializer_list<typename K::Flags> preferences, bool exact_dim = true) {
   const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
   const runtime::DType dtype = kernel_dtype(scalar_type);
-  const int smallest = choose_bucket(op, K::kId, K::kName, a.arch, dtype, head_dim);
-  for (int bucket : runtime::built_buckets(K::kId, a.arch, dtype)) {
-    if (bucket < smallest) continue;
-    for (const typename K::Flags& flags : preferences) {
-      const runtime::KernelEntry* entry = find_for_head_dim<K>(a, dtype, bucket, head_dim, flags, exact_dim);
-      if (entry != nullptr) return {{entry, device, a.from_ptx}};
+  const int smallest = choose_bucket(op, K::kId, K::kName, a, dtype, head_dim);
+  for (int arch : {a.arch, a.older}) {
+    for (int bucket : runtime::built_buckets(K::kId, arch, dtype)) {
+      if (bucket < smallest) continue;
+      for (const typename K::Flags& flags : preferences) {
+        const runtime::KernelEntry* entry = find_for_head_dim<K>(arch, dtype, bucket, head_dim, flags, exact_dim);
+        if (entry != nullptr) return {{entry, device, a.from_ptx}};
+      }
     }
   }
-  fail_no_variant(op, K::kName, a.arch, dtype, smallest);
+  fail_no_variant(op, K::kName, a, dtype, smallest);
 }
 
 // The variant with `flags` if the build has it, else with `fallback` (choose_first).

@@ -6,13 +6,17 @@
 
 namespace fattn::runtime {
 
-int pick_arch(const std::vector<int>& built, int device_arch) {
+int next_older_arch(const std::vector<int>& archs, int arch) {
   int best = -1;
-  for (int arch : built) {
-    if (arch == device_arch) return arch;
-    if (arch / 10 == device_arch / 10 && arch < device_arch && arch != 90) best = std::max(best, arch);
+  for (int a : archs) {
+    if (a / 10 == arch / 10 && a < arch && a != 90) best = std::max(best, a);
   }
   return best;
+}
+
+int pick_arch(const std::vector<int>& built, int device_arch) {
+  if (std::find(built.begin(), built.end(), device_arch) != built.end()) return device_arch;
+  return next_older_arch(built, device_arch);
 }
 
 ArchPath pick_path(const std::vector<int>& built, const std::vector<int>& with_ptx, int device_arch) {

@@ -13,6 +13,11 @@ namespace fattn::runtime {
 // so they never serve another minor.
 int pick_arch(const std::vector<int>& built, int device_arch);
 
+// The newest of `archs` older than `arch` in its major (never sm_90): what a GPU of `arch` runs
+// for a variant the build holds for an older minor only (configs.json "served_by": sm_89 builds
+// only what sm_86 lacks). -1 if none.
+int next_older_arch(const std::vector<int>& archs, int arch);
+
 // What serves a device: the cubins of pick_arch, or, when none does and the GPU is newer than
 // an arch of `with_ptx` (the archs whose PTX the build embeds), the PTX of the newest such arch,
 // which the driver JIT-compiles for the GPU (sm_90's PTX uses sm_90a features and is never used

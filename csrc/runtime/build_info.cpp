@@ -18,7 +18,9 @@ namespace {
 
 std::string describe_entry(const fattn::runtime::KernelEntry& e) {
   std::string out = "{\"kernel\": \"" + std::string(e.kernel) + "\", \"arch\": " + std::to_string(e.arch) +
-                    ", \"dtype\": \"" + fattn::runtime::dtype_tag(e.dtype) + "\", \"function\": \"" +
+                    ", \"dtype\": \"" + fattn::runtime::dtype_tag(e.dtype) + "\", \"block_d\": " +
+                    std::to_string(e.block_d) + ", \"flags_key\": " + std::to_string(e.flags_key) +
+                    ", \"function\": \"" +
                     e.function_name + "\", \"num_warps\": " + std::to_string(e.num_warps) +
                     ", \"num_stages\": " + std::to_string(e.num_stages) +
                     ", \"shared\": " + std::to_string(e.shared_bytes) +
@@ -57,12 +59,15 @@ extern "C" __attribute__((visibility("default"))) const char* fattn_build_info_j
 
 // The arch whose code serves a device of compute capability `device_arch` for `kernel`, by
 // the rule the ops use (pick_path); -1 if none. *ptx is set to 1 when that is the arch's PTX
-// (a GPU newer than every cubin), else 0.
-extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch, int* ptx) {
+// (a GPU newer than every cubin), else 0; *older to the arch serving the variants that one
+// lacks (next_older_arch: sm_86 for sm_89, which holds only the FP8 variants), else -1.
+extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch, int* ptx,
+                                                                      int* older) {
   using namespace fattn::runtime;
   const int id = kernel_id_of(kernel);
   const ArchPath path = pick_path(built_archs(id), ptx_archs(id), device_arch);
   *ptx = path.ptx ? 1 : 0;
+  *older = path.arch < 0 ? -1 : next_older_arch(path.ptx ? ptx_archs(id) : built_archs(id), path.arch);
   return path.arch;
 }
 

@@ -15,18 +15,28 @@ TOOLCHAINS = {
 }
 
 
-def _served(path) -> str:
+def _served(path, rows) -> str:
+    """What serves a GPU for one kernel (path: serving_archs's answer; rows: its table rows)."""
     if path is None:
         return "NOT SUPPORTED"
-    arch, ptx = path
-    return f"sm_{arch} PTX (JIT-compiled by the driver: no cubin for this GPU)" if ptx else f"sm_{arch} cubins"
+    arch, ptx, older = path
+    text = f"sm_{arch} {'PTX' if ptx else 'cubins'}"
+    if older is not None:
+        # The variants the op would take from the older arch: those its lookup key (dtype,
+        # head-dim bucket, flags) finds there and not at `arch`.
+        def keys(a):
+            return {(r["dtype"], r["block_d"], r["flags_key"]) for r in rows if r["arch"] == a}
+        lacking = len(keys(older) - keys(arch))
+        if lacking:
+            text += f" (sm_{older}'s for the {lacking} variants sm_{arch} lacks)"
+    return text + (" (JIT-compiled by the driver: no cubin for this GPU)" if ptx else "")
 
 
 def info() -> int:
     import torch
 
     import fattn
-    from fattn._library import pick_path
+    from fattn._library import serving_archs
 
     data = fattn.build_info()
     kernels = data["kernels"]
@@ -52,8 +62,8 @@ def info() -> int:
         return 0
     for index in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(index)
-        served = {name: pick_path(name, major, minor) for name in by_kernel}
-        status = ", ".join(f"{n} -> {_served(path)}" for n, path in served.items())
+        served = {name: serving_archs(name, major, minor) for name in by_kernel}
+        status = ", ".join(f"{n} -> {_served(path, by_kernel[n])}" for n, path in served.items())
         print(f"cuda:{index} {torch.cuda.get_device_name(index)} (sm_{major}{minor}): {status}")
     return 0
 

@@ -65,12 +65,22 @@ def query_tile_programs(tiles: int, sequence_heads: int, sms: int, heavy_first: 
 def pick_path(kernel: str, major: int, minor: int) -> tuple[int, bool] | None:
     """(arch, from_ptx): the compiled arch whose code would serve a GPU of this compute
     capability, and whether that is its PTX (a GPU newer than every cubin); None if none."""
+    path = serving_archs(kernel, major, minor)
+    return None if path is None else path[:2]
+
+
+def serving_archs(kernel: str, major: int, minor: int) -> tuple[int, bool, int | None] | None:
+    """pick_path's (arch, from_ptx) and the older arch of its major whose code serves the
+    variants that arch lacks (sm_86 for sm_89, which holds only the FP8 ones: configs.json
+    "served_by"), or None; None if nothing serves the GPU."""
     fn = _ctypes_handle().fattn_pick_arch
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-    ptx = ctypes.c_int(0)
-    arch = fn(kernel.encode(), 10 * major + minor, ctypes.byref(ptx))
-    return None if arch < 0 else (arch, bool(ptx.value))
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    ptx, older = ctypes.c_int(0), ctypes.c_int(-1)
+    arch = fn(kernel.encode(), 10 * major + minor, ctypes.byref(ptx), ctypes.byref(older))
+    if arch < 0:
+        return None
+    return arch, bool(ptx.value), None if older.value < 0 else older.value
 
 
 def pick_arch(kernel: str, major: int, minor: int) -> int | None:

@@ -683,3 +683,18 @@ def test_the_hopper_backward_reads_a_bias_by_tma_and_writes_d_bias_by_tma(tmp_pa
     dq = next(v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dq" and v.implementation
               and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 4)
     assert "cp.async.bulk.tensor.2d" in compile_variant(dq, shared_limit=232448, cache_dir=tmp_path).ptx
+
+
+def test_fp8_conversions_round_once_on_sm89(tmp_path):
+    # float32 to FP8 in the FP8 append (the cache's quantization) and in attn_fwd's P is one
+    # cvt.rn.satfinite from float32 on every arch (triton_src/fp8.py to_fp8): Triton 3.6's cast on
+    # sm_89 goes through float16 rounded toward zero, which put appended values one FP8 step from
+    # the CPU implementation's on an sm_89 run.
+    variants = grid.expand(env={"FATTN_CUDA_ARCHS": "86;89", "FATTN_HEAD_DIMS": "64"})
+    chosen = [next(v for v in variants if v.arch == 89 and v.kernel == "kv_append" and v.dtype == "bf16"
+                   and v.constant_dict["KV_FP8"] == fp8) for fp8 in (1, 2)]
+    chosen.append(next(v for v in variants if v.arch == 89 and v.kernel == "attn_fwd" and v.constant_dict["FP8"] == 2))
+    for v, cvt in zip(chosen, ("e4m3x2", "e5m2x2", "e4m3x2")):
+        ptx = compile_variant(v, shared_limit=101376, cache_dir=tmp_path).ptx
+        assert f"cvt.rn.satfinite.{cvt}.f32" in ptx, v.label
+        assert "cvt.rz.f16.f32" not in ptx and not re.search(r"cvt\.rn\.satfinite\.e\dm\dx2\.f16x2", ptx), v.label

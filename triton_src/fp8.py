@@ -10,7 +10,7 @@ into the scale every score is multiplied by anyway, V's multiplies the finished 
 import triton
 import triton.language as tl
 
-from .common import sequence_span
+from .common import INTERPRETED, sequence_span
 from .spec import KernelSpec, Param, i32, index_tensor, strides, tensor
 
 
@@ -36,13 +36,41 @@ def descale_at(Descale, batch, head, stride_b, stride_h):
     return tl.load(Descale + batch * stride_b + head.to(tl.int64) * stride_h)
 
 
+# float32 to FP8 in one rounding (to nearest, ties to even, saturating), two values per asm, or
+# one (the other half of the pair is a zero). Triton 3.6's cast does this on sm_90, but on sm_89
+# it rounds to float16 toward zero first (cvt.rz.f16.f32), a second rounding that takes the lower
+# neighbour of a value just past a tie: one FP8 step from the CPU implementation's rounding.
+F32_TO_E4M3X2 = tl.constexpr("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;")
+F32_TO_E5M2X2 = tl.constexpr("cvt.rn.satfinite.e5m2x2.f32 $0, $2, $1;")
+F32_TO_E4M3 = tl.constexpr("{ .reg .b16 pair; cvt.rn.satfinite.e4m3x2.f32 pair, 0f00000000, $1; mov.b16 $0, pair; }")
+F32_TO_E5M2 = tl.constexpr("{ .reg .b16 pair; cvt.rn.satfinite.e5m2x2.f32 pair, 0f00000000, $1; mov.b16 $0, pair; }")
+
+
+@triton.jit
+def to_fp8(x, FP8: tl.constexpr, PAIRS: tl.constexpr):
+    """x (float32) rounded once to the FP8 type the flag names (1 e4m3fn, 2 e5m2), saturating at
+    its largest finite value (NaN stays NaN). PAIRS: two values per conversion, for tensors whose
+    threads hold an even count (an mma tile); else one. Triton's interpreter runs no PTX: there
+    the plain cast, which rounds once."""
+    fp8_type: tl.constexpr = tl.float8e4nv if FP8 == 1 else tl.float8e5
+    if INTERPRETED:
+        return x.to(fp8_type)
+    if PAIRS:
+        asm: tl.constexpr = F32_TO_E4M3X2 if FP8 == 1 else F32_TO_E5M2X2
+        bits = tl.inline_asm_elementwise(asm, "=h,r,r", [x], dtype=tl.int8, is_pure=True, pack=2)
+    else:
+        asm: tl.constexpr = F32_TO_E4M3 if FP8 == 1 else F32_TO_E5M2
+        bits = tl.inline_asm_elementwise(asm, "=h,r", [x], dtype=tl.int8, is_pure=True, pack=1)
+    return bits.to(fp8_type, bitcast=True)
+
+
 @triton.jit
 def fp8_probabilities(p, p_scale):
     """Probabilities (fp32, at most 1) for the second product on FP8 tensor cores: times p_scale
-    (a power of two, csrc/common/fp8.h's kFp8ProbabilityScale), rounded to e4m3 (to nearest,
-    ties to even, saturating), whatever V's FP8 type: e4m3 keeps a mantissa bit more than e5m2,
-    and the tensor cores take the mixed product."""
-    return (p * p_scale).to(tl.float8e4nv)
+    (a power of two, csrc/common/fp8.h's kFp8ProbabilityScale), rounded to e4m3 (to_fp8: to
+    nearest, ties to even, saturating), whatever V's FP8 type: e4m3 keeps a mantissa bit more than
+    e5m2, and the tensor cores take the mixed product."""
+    return to_fp8(p * p_scale, 1, True)
 
 
 @triton.jit

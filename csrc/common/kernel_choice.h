@@ -59,17 +59,17 @@ runtime::Variant<K> choose_first(const char* op, int device, ScalarType scalar_t
                                  std::initializer_list<typename K::Flags> preferences, bool exact_dim = true) {
   const ArchChoice a = choose_arch(op, K::kId, K::kName, device);
   const runtime::DType dtype = kernel_dtype(scalar_type);
-  const int smallest = choose_bucket(op, K::kId, K::kName, a, dtype, head_dim);
   for (int arch : {a.arch, a.older}) {
     for (int bucket : runtime::built_buckets(K::kId, arch, dtype)) {
-      if (bucket < smallest) continue;
+      if (bucket < head_dim) continue;
       for (const typename K::Flags& flags : preferences) {
         const runtime::KernelEntry* entry = find_for_head_dim<K>(arch, dtype, bucket, head_dim, flags, exact_dim);
         if (entry != nullptr) return {{entry, device, a.from_ptx}};
       }
     }
   }
-  fail_no_variant(op, K::kName, a, dtype, smallest);
+  // The error: no bucket holds head_dim (choose_bucket says so), or none has the flags.
+  fail_no_variant(op, K::kName, a, dtype, choose_bucket(op, K::kId, K::kName, a, dtype, head_dim));
 }
 
 // The variant with `flags` if the build has it, else with `fallback` (choose_first).

@@ -40,10 +40,18 @@ def descale_at(Descale, batch, head, stride_b, stride_h):
 # one (the other half of the pair is a zero). Triton 3.6's cast does this on sm_90, but on sm_89
 # it rounds to float16 toward zero first (cvt.rz.f16.f32), a second rounding that takes the lower
 # neighbour of a value just past a tie: one FP8 step from the CPU implementation's rounding.
-F32_TO_E4M3X2 = tl.constexpr("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;")
-F32_TO_E5M2X2 = tl.constexpr("cvt.rn.satfinite.e5m2x2.f32 $0, $2, $1;")
-F32_TO_E4M3 = tl.constexpr("{ .reg .b16 pair; cvt.rn.satfinite.e4m3x2.f32 pair, 0f00000000, $1; mov.b16 $0, pair; }")
-F32_TO_E5M2 = tl.constexpr("{ .reg .b16 pair; cvt.rn.satfinite.e5m2x2.f32 pair, 0f00000000, $1; mov.b16 $0, pair; }")
+def _f32_to_fp8(fmt: str, pairs: bool) -> str:
+    """PTX rounding float32 to FP8 (`fmt`: e4m3 or e5m2) into $0: $1 and $2 (the first in the low
+    byte: cvt's first source goes high), or $1 alone beside a zero."""
+    if pairs:
+        return f"cvt.rn.satfinite.{fmt}x2.f32 $0, $2, $1;"
+    return f"{{ .reg .b16 pair; cvt.rn.satfinite.{fmt}x2.f32 pair, 0f00000000, $1; mov.b16 $0, pair; }}"
+
+
+F32_TO_E4M3X2 = tl.constexpr(_f32_to_fp8("e4m3", True))
+F32_TO_E5M2X2 = tl.constexpr(_f32_to_fp8("e5m2", True))
+F32_TO_E4M3 = tl.constexpr(_f32_to_fp8("e4m3", False))
+F32_TO_E5M2 = tl.constexpr(_f32_to_fp8("e5m2", False))
 
 
 @triton.jit

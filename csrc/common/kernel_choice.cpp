@@ -67,7 +67,7 @@ ArchChoice choose_arch(const char* op, int kernel_id, const char* kernel, int de
          runtime::join_archs(built), ". Rebuild with FATTN_CUDA_ARCHS including ", device_arch);
   }
   if (path.ptx) warn_ptx_fallback_once(device_arch, path.arch, built);
-  return {path.arch, path.ptx, runtime::next_older_arch(path.ptx ? with_ptx : built, path.arch)};
+  return {path.arch, path.ptx, path.older};
 }
 
 int choose_bucket(const char* op, int kernel_id, const char* kernel, const ArchChoice& a, DType dtype,

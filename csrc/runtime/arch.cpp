@@ -21,12 +21,12 @@ int pick_arch(const std::vector<int>& built, int device_arch) {
 
 ArchPath pick_path(const std::vector<int>& built, const std::vector<int>& with_ptx, int device_arch) {
   const int cubin = pick_arch(built, device_arch);
-  if (cubin >= 0) return {cubin, false};
+  if (cubin >= 0) return {cubin, false, next_older_arch(built, cubin)};
   int ptx = -1;
   for (int arch : with_ptx) {
     if (arch < device_arch && arch != 90) ptx = std::max(ptx, arch);
   }
-  return {ptx, ptx >= 0};
+  return {ptx, ptx >= 0, ptx >= 0 ? next_older_arch(with_ptx, ptx) : -1};
 }
 
 int forced_ptx_arch() {

@@ -21,10 +21,12 @@ int next_older_arch(const std::vector<int>& archs, int arch);
 // What serves a device: the cubins of pick_arch, or, when none does and the GPU is newer than
 // an arch of `with_ptx` (the archs whose PTX the build embeds), the PTX of the newest such arch,
 // which the driver JIT-compiles for the GPU (sm_90's PTX uses sm_90a features and is never used
-// elsewhere). {-1, false} when nothing can.
+// elsewhere). `older`: the next older arch of the same code (cubins, or PTX), which serves the
+// variants `arch` lacks (next_older_arch), or -1. {-1, false, -1} when nothing can.
 struct ArchPath {
   int arch;
   bool ptx;
+  int older;
 };
 ArchPath pick_path(const std::vector<int>& built, const std::vector<int>& with_ptx, int device_arch);
 

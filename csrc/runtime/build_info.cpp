@@ -60,14 +60,14 @@ extern "C" __attribute__((visibility("default"))) const char* fattn_build_info_j
 // The arch whose code serves a device of compute capability `device_arch` for `kernel`, by
 // the rule the ops use (pick_path); -1 if none. *ptx is set to 1 when that is the arch's PTX
 // (a GPU newer than every cubin), else 0; *older to the arch serving the variants that one
-// lacks (next_older_arch: sm_86 for sm_89, which holds only the FP8 variants), else -1.
+// lacks (pick_path's: sm_86 for sm_89, which holds only the FP8 variants), else -1.
 extern "C" __attribute__((visibility("default"))) int fattn_pick_arch(const char* kernel, int device_arch, int* ptx,
                                                                       int* older) {
   using namespace fattn::runtime;
   const int id = kernel_id_of(kernel);
   const ArchPath path = pick_path(built_archs(id), ptx_archs(id), device_arch);
   *ptx = path.ptx ? 1 : 0;
-  *older = path.arch < 0 ? -1 : next_older_arch(path.ptx ? ptx_archs(id) : built_archs(id), path.arch);
+  *older = path.older;
   return path.arch;
 }
 

@@ -15,6 +15,7 @@
 #include "attention/attention_variant.h"
 #include "attention/fp8_inputs.h"
 #include "attention/sequence_spans.h"
+#include "common/propagating_max.h"
 #include "ops.h"
 
 namespace fattn {
@@ -59,7 +60,7 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += Q[row * D + d] * kj[d];
           scores[j] = mod.score(dot * score_scale, i, j, diagonal + variant.alibi_offset) + bias.at(b, h, i, j);
-          row_max = std::max(row_max, scores[j]);
+          row_max = propagating_max(row_max, scores[j]);
         }
         double* lse = L + spans.lse_index(b, h, i);
         if (row_max == neg_inf) {  // no visible key (and no sink): out stays 0, lse is -inf

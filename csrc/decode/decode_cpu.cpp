@@ -14,6 +14,7 @@
 
 #include "attention/attention_variant.h"
 #include "common/fp8.h"
+#include "common/propagating_max.h"
 #include "decode/decode_shape.h"
 #include "ops.h"
 
@@ -210,7 +211,7 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
           score = mod.score(score * scale, t, j, diagonal);
           scores.push_back(score);
           v_rows.push_back(V + row);
-          row_max = std::max(row_max, score);
+          row_max = propagating_max(row_max, score);
         }
         double* ot = O + ((b * s.seqlen_q + t) * H + h) * D;
         double* lt = L + (b * H + h) * s.seqlen_q + t;

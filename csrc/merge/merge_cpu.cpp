@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/propagating_max.h"
 #include "merge/merge_shape.h"
 #include "ops.h"
 
@@ -26,7 +27,7 @@ std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses) {
         bool nan = false;  // a NaN lse poisons the row: it must not pass for "no key"
         for (int64_t s = 0; s < m.splits; ++s) {
           nan = nan || std::isnan(L[s * rows + row]);
-          row_max = std::max(row_max, L[s * rows + row]);
+          row_max = propagating_max(row_max, L[s * rows + row]);
         }
         double* r = R + ((b * m.seqlen_q + i) * m.heads + h) * m.head_dim;
         if (nan) {

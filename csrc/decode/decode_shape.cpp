@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace fattn {
@@ -209,6 +211,63 @@ void check_writable_caches(const char* op, const Tensor& k_cache, const Tensor& 
   }
 }
 
+// Pages holding keys [0, keys) of a sequence.
+int64_t pages_used(const DecodeShape& s, int64_t keys) { return (keys + s.page_size - 1) / s.page_size; }
+
+// cache_seqlens[b] (+ the new tokens) past what sequence b can hold: with a paged cache the bound
+// is block_table's width, which is what the caller resizes (flash-attn's message names it too).
+[[noreturn]] void fail_over_capacity(const char* op, const DecodeShape& s, int64_t b, int64_t cached) {
+  const int64_t keys = cached + s.seqlen_new;
+  std::string need = "cache_seqlens[" + to_text(b) + "] = " + to_text(cached);
+  if (s.seqlen_new > 0) need += " plus " + to_text(s.seqlen_new) + " new tokens (= " + to_text(keys) + " keys)";
+  const char* what = s.seqlen_new > 0 ? "cache too small for the append: " : "cache too small: ";
+  if (s.paged) {
+    fail(op, "paged KV ", what, need, " exceeds the capacity addressable by block_table (", s.pages_per_seq,
+         s.pages_per_seq == 1 ? " column" : " columns", " x page_size ", s.page_size, " = ", s.capacity,
+         " keys per sequence); allocate more columns in block_table (at least ", pages_used(s, keys),
+         " for this sequence)");
+  }
+  fail(op, what, need, " exceeds k_cache's capacity of ", s.capacity, " keys per sequence (k_cache.size(1))",
+       s.seqlen_new > 0 ? "; allocate a longer cache" : "; cache_seqlens counts the keys already cached, at most that");
+}
+
+// With an append, a page that a sequence writes its new tokens into must be no other sequence's:
+// that one would read (or, appending too, overwrite) keys that are not its own. Pages shared only
+// for reading (a common prefix) are fine. The appended pages are few (about seqlen_new /
+// page_size + 1 per sequence), so they go in a hash map, and every page each sequence reads is
+// looked up once: O(batch * pages_per_seq), nothing sized by num_pages. The block_table entries
+// were range-checked before.
+void check_appended_pages(const char* op, const DecodeShape& s, const DecodeIndices& ix) {
+  struct Writer {
+    int64_t b, column;
+  };
+  std::unordered_map<int32_t, Writer> writers;
+  writers.reserve(static_cast<size_t>(s.batch * (s.seqlen_new / s.page_size + 2)));
+  const char* hint = "; sequences that append need pages of their own (pages shared for reading, a common prefix, "
+                     "must not be appended into)";
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t cached = ix.seqlens[b];
+    for (int64_t p = cached / s.page_size; p < pages_used(s, cached + s.seqlen_new); ++p) {
+      const int32_t page = ix.table[b * s.pages_per_seq + p];
+      const auto [it, inserted] = writers.try_emplace(page, Writer{b, p});
+      if (!inserted && it->second.b != b) {
+        fail(op, "sequences ", it->second.b, " and ", b, " both append into page ", page, " (block_table[",
+             it->second.b, ", ", it->second.column, "] and block_table[", b, ", ", p, "])", hint);
+      }
+    }
+  }
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t p = 0; p < pages_used(s, ix.seqlens[b] + s.seqlen_new); ++p) {
+      const int32_t page = ix.table[b * s.pages_per_seq + p];
+      const auto it = writers.find(page);
+      if (it != writers.end() && it->second.b != b) {
+        fail(op, "sequence ", it->second.b, " appends into page ", page, " (block_table[", it->second.b, ", ",
+             it->second.column, "]), which sequence ", b, " also reads (block_table[", b, ", ", p, "])", hint);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -232,6 +291,7 @@ DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k
   check_rotary(op, q, rotary_cos, rotary_sin, k, rotary_interleaved, s);
   if (k.has_value()) check_writable_caches(op, k_cache, v_cache);
   check_softmax_scale(op, softmax_scale);
+  check_window(op, window_left, window_right);
   check_softcap(op, softcap);
   if (alibi_slopes.has_value()) check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);
   check_sinks(op, sinks, q, s.heads);
@@ -255,10 +315,7 @@ void check_decode_values(const char* op, const DecodeShape& s, const DecodeIndic
     if (ix.seqlens != nullptr) {
       cached = ix.seqlens[b];
       if (cached < 0) fail(op, "cache_seqlens[", b, "] is ", cached, "; expected >= 0");
-      if (cached + s.seqlen_new > s.capacity) {
-        fail(op, "cache too small for the append: cache_seqlens[", b, "] = ", cached, " plus ", s.seqlen_new,
-             " new tokens exceeds the capacity of ", s.capacity);
-      }
+      if (cached + s.seqlen_new > s.capacity) fail_over_capacity(op, s, b, cached);
     }
     const int64_t keys = cached + s.seqlen_new;
     if (ix.batch_idx != nullptr) {
@@ -283,13 +340,14 @@ void check_decode_values(const char* op, const DecodeShape& s, const DecodeIndic
       }
     }
     // Only the pages that hold the sequence's keys are read: the rest of its row may be padding.
-    for (int64_t p = 0; ix.table != nullptr && p < (keys + s.page_size - 1) / s.page_size; ++p) {
+    for (int64_t p = 0; ix.table != nullptr && p < pages_used(s, keys); ++p) {
       const int32_t page = ix.table[b * s.pages_per_seq + p];
       if (page < 0 || page >= s.num_pages) {
         fail(op, "block_table[", b, ", ", p, "] is ", page, "; expected a page index in [0, ", s.num_pages, ")");
       }
     }
   }
+  if (s.paged && s.seqlen_new > 0 && ix.table != nullptr && ix.seqlens != nullptr) check_appended_pages(op, s, ix);
 }
 
 }  // namespace fattn

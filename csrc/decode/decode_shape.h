@@ -71,9 +71,11 @@ struct DecodeIndices {
 };
 
 // The CPU-only checks of device values (CUDA leaves them unchecked: reading them would be a
-// host sync): cache_seqlens in [0, capacity - seqlen_new]; block_table entries of the pages each
-// sequence uses in [0, num_pages); cache_batch_idx in [0, k_cache.size(0)) and distinct when
-// appending; cache_leftpad in [0, capacity]; rotary positions inside rotary_cos.
+// host sync, done only with FATTN_DEBUG_CHECKS=1): cache_seqlens in [0, capacity - seqlen_new]
+// (paged: capacity is block_table's columns x page_size); block_table entries of the pages each
+// sequence uses in [0, num_pages), and, when appending, no page a sequence appends into used by
+// another sequence; cache_batch_idx in [0, k_cache.size(0)) and distinct when appending;
+// cache_leftpad in [0, capacity]; rotary positions inside rotary_cos.
 void check_decode_values(const char* op, const DecodeShape& s, const DecodeIndices& ix);
 
 }  // namespace fattn

@@ -110,18 +110,22 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at:
 // whole capacity, and then no k/v); cache_leftpad int32 [batch] hides the keys before it.
 //
 // MUTATES k_cache and v_cache when k, v ([batch, seqlen_new, kv_heads, head_dim], q's dtype)
-// are given: they are written in place at positions cache_seqlens[b] + i, then attended to,
-// so sequence b has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is NOT advanced:
-// the caller adds seqlen_new after the call. rotary_cos/rotary_sin [seqlen_ro >= capacity,
-// rotary_dim / 2] (q's dtype) rotate the new keys at their positions and q at cache_seqlens[b]
-// (+ t when causal or windowed), pairs (2i, 2i+1) if rotary_interleaved, else (i, i + rotary_dim
-// / 2). Masks are aligned bottom-right as in forward; causal forces window_right = 0;
-// window_left/right < 0 mean unbounded; softcap > 0 applies softcap * tanh(score / softcap);
-// alibi_slopes then adds -slope * |t + d - j| as in forward; sinks (float32 [heads]) join
-// every row's denominator as in forward. num_splits: 0 picks the split-K count on CUDA, n
-// forces it (same result within rounding); CPU ignores it. On CUDA the device values are not
-// checked (it needs a host sync; FATTN_DEBUG_CHECKS=1 does it): an append past the capacity is
-// dropped and the sequence clamped to capacity. The CPU implementation checks them all.
+// are given: they are written in place at positions cache_seqlens[b] + i, then attended to, so
+// sequence b has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is NOT advanced: the
+// caller adds seqlen_new after the call. Sequences that append need cache rows and pages of
+// their own where the new tokens go: pages shared for reading (a common prefix) are fine, a
+// page one sequence appends into and another uses is not. rotary_cos/rotary_sin [seqlen_ro >=
+// capacity, rotary_dim / 2] (q's dtype) rotate the new keys at their positions and q at
+// cache_seqlens[b] (+ t when causal or windowed), pairs (2i, 2i+1) if rotary_interleaved, else
+// (i, i + rotary_dim / 2). Masks are aligned bottom-right as in forward; causal forces
+// window_right = 0; window_left/right < 0 mean unbounded; softcap > 0 applies softcap *
+// tanh(score / softcap); alibi_slopes then adds -slope * |t + d - j| as in forward; sinks
+// (float32 [heads]) join every row's denominator as in forward. num_splits: 0 picks the split-K
+// count on CUDA, n forces it (same result within rounding); CPU ignores it. On CUDA the device
+// values are not checked (it needs a host sync; FATTN_DEBUG_CHECKS=1 does it): an append past
+// the capacity is dropped and the sequence clamped to capacity (paged: block_table's columns x
+// page_size), and a page one sequence appends into is read or written by any other that uses it
+// too. The CPU implementation checks them all.
 //
 // FP8 KV cache: k_cache and v_cache may both be float8_e4m3fn or both float8_e5m2 (q, k, v stay
 // float16/bfloat16; CUDA needs sm_89 or sm_90). A cache value stands for x_fp8 * descale[b, h]

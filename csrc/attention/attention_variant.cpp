@@ -64,6 +64,11 @@ void check_softcap(const char* op, double softcap) {
   }
 }
 
+void check_window(const char* op, int64_t window_left, int64_t window_right) {
+  if (window_left < -1) fail(op, "window_left is ", window_left, "; expected -1 (unbounded) or >= 0");
+  if (window_right < -1) fail(op, "window_right is ", window_right, "; expected -1 (unbounded) or >= 0");
+}
+
 ScoreScales score_scales(double scale, double softcap) {
   if (softcap > 0) return {scale / softcap, softcap * M_LOG2E};
   return {scale * M_LOG2E, 0.0};
@@ -74,8 +79,7 @@ AttentionVariant check_attention_variant(const char* op, const AttentionShape& s
                                          const std::optional<Tensor>& alibi_slopes,
                                          const std::optional<Tensor>& q_segment_ids,
                                          const std::optional<Tensor>& kv_segment_ids) {
-  if (window_left < -1) fail(op, "window_left is ", window_left, "; expected -1 (unbounded) or >= 0");
-  if (window_right < -1) fail(op, "window_right is ", window_right, "; expected -1 (unbounded) or >= 0");
+  check_window(op, window_left, window_right);
   check_softcap(op, softcap);
   AttentionVariant variant;
   variant.window_left = bounded_window(window_left, s.seqlen_k + s.seqlen_q);

@@ -96,6 +96,8 @@ ScoreScales score_scales(double softmax_scale, double softcap);
 
 // softcap: finite and >= 0 (0 disables it).
 void check_softcap(const char* op, double softcap);
+// window_left, window_right: -1 (unbounded) or >= 0, for every op that takes a window.
+void check_window(const char* op, int64_t window_left, int64_t window_right);
 // A window side as the kernels take it: -1 when it is unbounded or hides nothing (at least
 // `keys` wide, e.g. seqlen_k + seqlen_q), which also keeps it within 32 bits.
 inline int64_t bounded_window(int64_t w, int64_t keys) { return w < 0 || w >= keys ? int64_t{-1} : w; }

@@ -46,8 +46,8 @@ CASES = [
     ([1, 17, 100], 2, 8, 1, 64, 32, 1, True, (-1, -1), 1.0, "transposed"),
     ([5, 5], 16, 8, 8, 16, None, 0, True, (-1, -1), 0.0, "contiguous"),          # many empty causal rows
     ([2, 0, 7], 16, 4, 2, 16, 16, 0, False, (-1, 0), 0.0, "contiguous"),         # right-only window empties
-    ([3, 12, 30], 8, 4, 2, 16, None, 5, False, (-1, -6), 0.0, "contiguous"),     # any negative: no bound
-    ([3, 12, 30], 8, 4, 2, 16, 16, 5, True, (-5, 3), 0.0, "contiguous"),         # any negative: no bound
+    ([3, 12, 30], 8, 4, 2, 16, None, 5, False, (-1, 2**40), 0.0, "contiguous"),  # wider than any cache: no bound
+    ([3, 12, 30], 8, 4, 2, 16, 16, 5, True, (2**64, 3), 0.0, "contiguous"),      # past int64 too (flash-attn takes it)
     ([1], 16, 4, 4, 256, 16, 5, True, (-1, -1), 0.0, "contiguous"),              # head_dim 256
 ]
 

@@ -36,13 +36,20 @@ def test_seqused_k_overrides_the_key_offsets():
 
 
 def test_forward_only():
+    """Inputs that require grad run the forward (as flash-attn's do); a backward that reaches the
+    outputs raises instead of leaving every .grad at None; dropout is refused."""
     q, k_pool, v_pool, cu_q, cu_k, table = paged_varlen_inputs([4, 6], [30, 50], 4, 2, 16, 16, F64, "cpu")
-    with pytest.raises(RuntimeError, match="forward only"):
-        fattn.flash_attn_varlen_func(q.requires_grad_(), k_pool, v_pool, cu_q, cu_k, 6, 50, block_table=table)
-    with pytest.raises(RuntimeError, match="forward only"):
-        fattn.flash_attn_varlen_func(q.detach(), k_pool, v_pool, cu_q, cu_k, 6, 50, dropout_p=0.1, block_table=table)
-    with torch.no_grad():  # inference over a model's parameters is fine
-        fattn.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 6, 50, block_table=table)
+    with torch.no_grad():
+        want = fattn.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 6, 50, block_table=table)
+    for needs_grad in (q, k_pool, v_pool):
+        inputs = [t.detach().requires_grad_(t is needs_grad) for t in (q, k_pool, v_pool)]
+        out = fattn.flash_attn_varlen_func(*inputs, cu_q, cu_k, 6, 50, block_table=table)
+        assert torch.equal(out.detach(), want) and out.requires_grad
+        out.add_(1)  # an output of its own, not a view: the caller may write to it
+        with pytest.raises(RuntimeError, match="block_table .* has no backward"):
+            out.sum().backward()
+    with pytest.raises(RuntimeError, match="dropout_p is 0.1; with block_table"):
+        fattn.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 6, 50, dropout_p=0.1, block_table=table)
 
 
 def test_bad_offsets_raise():
@@ -55,6 +62,6 @@ def test_bad_offsets_raise():
         bad = table.clone()
         bad[1, 3] = 99
         fattn.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 6, 50, block_table=bad)
-    with pytest.raises(RuntimeError, match="cache too small"):
+    with pytest.raises(RuntimeError, match=r"sequence 1 has 170 keys but block_table holds 4 pages of 16"):
         fattn.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, torch.tensor([0, 30, 200], dtype=torch.int32), 6, 200,
                                      block_table=table)

@@ -133,7 +133,7 @@ def _check_bad_input(rank, world):
         fattn.ring_flash_attn_func(*mixed, causal=True)
     with pytest.raises(ValueError, match=r"local length must be even"):
         fattn.ring_flash_attn_func(*(t[:, :-1] for t in local), causal=True)
-    with pytest.raises(RuntimeError, match=r"window_left is -2"):
+    with pytest.raises(RuntimeError, match=r"window_size is \(-2, 0\); expected each side -1"):
         fattn.ring_flash_attn_func(*local, window_size=(-2, 0))
     with pytest.raises(RuntimeError, match=r"softcap"):
         fattn.ring_flash_attn_func(*local, softcap=-1.0)

@@ -35,7 +35,8 @@ def prepare(fn: str, bias, q, k):
     if bias.shape[3] != full[3]:  # broadcast over the keys: the kernels read keys contiguously
         bias = bias.expand(*bias.shape[:3], full[3])
     if full[3] > 1 and bias.stride(3) != 1:
-        bias = bias.contiguous()
+        # (an empty tensor counts as contiguous whatever its strides, so .contiguous() keeps them)
+        bias = bias.clone(memory_format=torch.contiguous_format) if bias.numel() == 0 else bias.contiguous()
     return bias
 
 

@@ -105,6 +105,12 @@ def check_head_dim(op: str, head_dim) -> None:
         fail(op, "head_dim ", head_dim, " is not supported; expected a multiple of 8 from 8 to ", MAX_HEAD_DIM)
 
 
+def check_public_head_dim(op: str, head_dim) -> None:
+    """What the public functions take: any head dim up to 256 (fattn/_head_dim.py pads the rest)."""
+    if head_dim < 1 or head_dim > MAX_HEAD_DIM:
+        fail(op, "head_dim ", head_dim, " is not supported; expected 1 to ", MAX_HEAD_DIM)
+
+
 def check_head_groups(op: str, heads, kv_heads, kv_names: str) -> None:
     if kv_heads < 1 or heads % kv_heads != 0:
         fail(op, "q has ", heads, " heads, which is not a multiple of the ", kv_heads, " heads of ", kv_names,
@@ -115,16 +121,6 @@ def check_finite(op: str, name: str, value) -> None:
     """A float argument (softmax_scale, softcap) must be finite; symbolic floats are left to the op."""
     if isinstance(value, (int, float)) and not math.isfinite(value):
         fail(op, name, " must be a finite number, got ", f"{value:g}")
-
-
-def window_pair(fn: str, window_size) -> tuple[int, int]:
-    """flash-attn's window_size, a (left, right) pair of ints (-1: unbounded). A bare int is
-    rejected rather than guessed at: (w, w) and (w, 0) are both common meanings."""
-    if isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
-            isinstance(w, int) and not isinstance(w, bool) for w in window_size):
-        return int(window_size[0]), int(window_size[1])
-    raise TypeError(f"fattn.{fn}: window_size must be a (left, right) pair of ints, -1 for unbounded, "
-                    f"got {window_size!r}")
 
 
 def check_softcap(op: str, softcap) -> None:
@@ -213,7 +209,7 @@ def check_bias(op: str, bias, q, batch, heads, seqlen_q, seqlen_k) -> None:
         fail(op, "bias has shape ", shape_of(bias), "; expected [batch or 1, heads or 1, seqlen_q or 1, seqlen_k] = [",
              batch, ", ", heads, ", ", seqlen_q, ", ", seqlen_k, "]")
     check_same_device(op, "bias", bias, "q", q)
-    if seqlen_k > 1 and bias.stride(3) != 1:
+    if seqlen_k > 1 and bias.numel() > 0 and bias.stride(3) != 1:  # (an empty bias is never read)
         fail(op, "bias must have contiguous keys (stride 1 along its last dim); call .contiguous() first")
 
 

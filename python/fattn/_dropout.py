@@ -6,6 +6,8 @@ writes at each replay instead of the one seen at capture."""
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ._checks import fail
@@ -14,7 +16,8 @@ _LOW, _HIGH = -(2**63), 2**63 - 1
 
 
 def check_probability(fn: str, dropout_p) -> float:
-    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+    # numbers.Real: numpy floats too, as flash-attn takes them
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         fail(f"fattn.{fn}", "dropout_p is ", dropout_p, "; expected a number with 0 <= dropout_p < 1")
     return float(dropout_p)
 

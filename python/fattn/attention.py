@@ -12,10 +12,11 @@ from torch.autograd.function import once_differentiable
 from ._checks import (
     check_alibi_offset, check_alibi_slopes, check_attention_dtype, check_bias, check_dropout, check_finite,
     check_head_dim, check_head_groups, check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype,
-    check_segment_ids, check_sinks, check_softcap, check_window, dtype_name, fail, lse_dtype, shape_of, window_pair,
+    check_segment_ids, check_sinks, check_softcap, check_window, dtype_name, fail, lse_dtype, shape_of,
 )
-from . import _bias, _dropout, _head_dim
+from . import _attn_probs, _bias, _dropout, _head_dim
 from .fp8 import check_fp8_inputs, forward_output_dtype, refuse_gradients
+from ._arguments import flag, real, window_pair
 from ._library import load_library
 
 load_library()
@@ -82,8 +83,12 @@ def flash_attn_func(
            dQ kernels). False (the default) allows dQ to be accumulated in float32 inside
            the dK/dV kernel where the build has it (Hopper, head dim 64 bucket, no bias or
            dropout), whose additions come in a varying order.
-        return_attn_probs: return (out, lse, None) as flash-attn does (its third item, the
-           dropout mask, exists only with dropout).
+        return_attn_probs: return (out, lse, S_dmask) as flash-attn does. S_dmask is None without
+           dropout; with dropout it is flash-attn's test tensor, float [batch, heads, seqlen_q and
+           seqlen_k rounded up to 128] in q's dtype: exp(s - row max) for a kept key, negated for a
+           dropped one, 0 where the query sees no key (fattn/_attn_probs.py). For tests: it is
+           rebuilt with torch operations at O(batch x heads x seqlen_q x seqlen_k) memory and time,
+           and reads the seed on the host.
         return_lse: (keyword) also return the log-sum-exp of the scaled scores,
            float32 [batch, heads, seqlen_q] (natural log, -inf for empty rows;
            float64 for float64 inputs on CPU).
@@ -117,21 +122,26 @@ def flash_attn_func(
         out [batch, seqlen_q, heads, head_dim] in q's dtype (bfloat16 for FP8 inputs);
         (out, lse) with return_lse; (out, lse, None) with return_attn_probs.
     """
-    refuse_gradients("flash_attn_func", q, k, v, sinks)
-    dropout_p = _dropout.check_probability("flash_attn_func", dropout_p)
-    window_left, window_right = window_pair("flash_attn_func", window_size)
-    bias = _bias.prepare("flash_attn_func", bias, q, k)
-    head_dim, padding = q.shape[-1], _head_dim.padding_for(q, k, v)
-    if padding:  # a head dim that is not a multiple of 8 (fattn/_head_dim.py)
-        softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
-        q, k, v = _head_dim.pad((q, k, v), padding)
+    fn = "flash_attn_func"
+    refuse_gradients(fn, q, k, v, sinks)
+    dropout_p = _dropout.check_probability(fn, dropout_p)
+    softmax_scale, softcap = real(fn, "softmax_scale", softmax_scale, allow_none=True), real(fn, "softcap", softcap)
+    causal, deterministic = flag(fn, "causal", causal), flag(fn, "deterministic", deterministic)
+    window_left, window_right = window_pair(fn, window_size)
+    bias = _bias.prepare(fn, bias, q, k)
+    padding = _head_dim.Padding(q, k, v)  # a head dim that is not a multiple of 8
+    softmax_scale = padding.scale(softmax_scale)
+    q, k, v = padding.inputs(q, k, v)
+    dropout_seed = _dropout.draw_seed(dropout_p, q.device)
     out, lse = _attention(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap,
-                          alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p,
-                          _dropout.draw_seed(dropout_p, q.device), 0, q_descale, k_descale, v_descale)
-    if padding:
-        out = out[..., :head_dim]
+                          alibi_slopes, q_segment_ids, kv_segment_ids, sinks, bias, dropout_p, dropout_seed, 0,
+                          q_descale, k_descale, v_descale)
+    out = padding.output(out)
     if return_attn_probs:
-        return out, lse, None
+        s_dmask = None if dropout_p == 0 else _attn_probs.dense(
+            q, k, dropout_p, dropout_seed, softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes,
+            q_segment_ids, kv_segment_ids, bias)
+        return out, lse, s_dmask
     return (out, lse) if return_lse else out
 
 

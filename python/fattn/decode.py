@@ -1,5 +1,5 @@
 """Decoding over a KV cache: flash_attn_with_kvcache and the fake of fattn::decode.
-Inference only: fattn::decode has no autograd."""
+Inference only: fattn::decode has no autograd (fattn/_forward_only.py refuses a backward)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import torch
 from ._checks import (
     check_alibi_slopes, check_attention_dtype, check_finite, check_head_dim, check_head_groups, check_index_tensor,
     check_last_dim_contiguous, check_rank, check_same_device, check_same_dtype, check_sinks, check_softcap,
-    dtype_name, fail, lse_dtype, shape_of, window_pair,
+    check_window, dtype_name, fail, lse_dtype, shape_of,
 )
+from . import _forward_only, _head_dim
+from ._arguments import flag, integer, real, window_pair
 from ._library import load_library
 from .fp8 import FP8_DTYPES, check_descale
 
@@ -48,12 +50,15 @@ def flash_attn_with_kvcache(
 ):
     """Attention of new query tokens over a KV cache (flash decoding; chunked prefill for longer
     query chunks), with flash-attn 2.8's parameters in its positional order (fattn's extras are
-    keyword-only, after them). Inference only (no autograd).
+    keyword-only, after them). Inference only: it runs on inputs that require grad, and a
+    backward that reaches its outputs raises.
 
     Args:
         q: [batch, seqlen_q, heads, head_dim], float16 or bfloat16 on CUDA. Any seqlen_q >= 1:
            up to 16 tokens run the split-K decoding tile, longer chunks a prefill-sized tile
-           over the same (paged) cache.
+           over the same (paged) cache. head_dim 1..256: one that is not a multiple of 8 is
+           padded (fattn/_head_dim.py), which copies the caches, and copies them back when k/v
+           are appended: keep to multiples of 8 where speed matters.
         k_cache, v_cache: [batch_cache, capacity, kv_heads, head_dim] (batch_cache = batch unless
            cache_batch_idx picks the rows), or with block_table a paged cache [num_pages,
            page_size, kv_heads, head_dim] (page_size a multiple of 16). Updated in place when k/v
@@ -67,7 +72,7 @@ def flash_attn_with_kvcache(
            before the append) and of q (query t at cache_seqlens[b] + t when causal or with a
            window, at cache_seqlens[b] for every t otherwise), computed in fp32 and rounded to
            q's dtype (the keys to the cache's). Needs k and v.
-        cache_seqlens: int32 [batch] (or an int for every sequence): keys already in each
+        cache_seqlens: int32 [batch] (or an int, numpy ints too, for every sequence): keys already in each
            sequence's cache. None means every sequence fills its cache.
         cache_batch_idx: int32 [batch]: sequence b uses row cache_batch_idx[b] of a contiguous
            cache (rows must be distinct when appending). Not with block_table.
@@ -109,15 +114,35 @@ def flash_attn_with_kvcache(
     table). The CPU implementation raises for each; on CUDA, FATTN_DEBUG_CHECKS=1 checks them on
     the device first and stops the call with a message.
     """
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    left, right = window_pair("flash_attn_with_kvcache", window_size)
+    fn = "flash_attn_with_kvcache"
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):  # one length for every sequence
+        cache_seqlens = torch.full((q.shape[0],), integer(fn, "cache_seqlens", cache_seqlens, minimum=0),
+                                   dtype=torch.int32, device=q.device)
+    softmax_scale, softcap = real(fn, "softmax_scale", softmax_scale, allow_none=True), real(fn, "softcap", softcap)
+    causal, rotary_interleaved = flag(fn, "causal", causal), flag(fn, "rotary_interleaved", rotary_interleaved)
+    left, right = window_pair(fn, window_size)
+    num_splits = integer(fn, "num_splits", num_splits)
     if k is not None:
         check_caches_can_take_the_append(k_cache, v_cache)
-    out, lse = _decode_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          cache_leftpad, block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved,
-                          alibi_slopes, num_splits, sinks, k_descale, v_descale)
+    padding = _head_dim.Padding(q, k_cache, v_cache, k, v)  # a head dim that is not a multiple of 8
+    caches = padding.inputs(k_cache, v_cache)
+    new_q, new_k, new_v = padding.inputs(q, k, v)
+
+    def decode():
+        return _decode_op(new_q, *caches, new_k, new_v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                          cache_leftpad, block_table, padding.scale(softmax_scale), causal, left, right, softcap,
+                          rotary_interleaved, alibi_slopes, num_splits, sinks, k_descale, v_descale)
+
+    out, lse = _forward_only.call(_NO_BACKWARD, decode, (q, k, v, rotary_cos, rotary_sin, alibi_slopes, sinks))
+    if padding and k is not None:  # the append went to the padded copies
+        for cache, padded in zip((k_cache, v_cache), caches):
+            cache.copy_(padding.output(padded))
+    out = padding.output(out)
     return (out, lse) if return_lse or return_softmax_lse else out
+
+
+_NO_BACKWARD = ("fattn.flash_attn_with_kvcache has no backward (it is for inference): the gradient cannot reach "
+                "its inputs; attend with flash_attn_func or flash_attn_varlen_func where gradients are needed")
 
 
 # ---------------------------------------------------------------- fake
@@ -274,8 +299,9 @@ def check_caches_can_take_the_append(k_cache, v_cache):
                  "allowed inside inference mode")
 
 
-def _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks):
+def _check_scalars(q, softmax_scale, window_left, window_right, softcap, num_splits, alibi_slopes, sinks):
     check_finite(_OP, "softmax_scale", softmax_scale)
+    check_window(_OP, window_left, window_right)
     check_softcap(_OP, softcap)
     check_alibi_slopes(_OP, alibi_slopes, q, q.shape[0], q.shape[2])
     check_sinks(_OP, sinks, q, q.shape[2])
@@ -297,7 +323,7 @@ def _decode_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_si
     _check_rotary(q, rotary_cos, rotary_sin, k, capacity)
     if k is not None:
         _check_writable_caches(k_cache, v_cache)
-    _check_scalars(q, softmax_scale, softcap, num_splits, alibi_slopes, sinks)
+    _check_scalars(q, softmax_scale, window_left, window_right, softcap, num_splits, alibi_slopes, sinks)
     # The append mutates the caches in place (declared in the schema); the outputs are
     # fresh and contiguous.
     batch, seqlen_q, heads, head_dim = q.shape

@@ -19,6 +19,8 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
                         bias=None, dropout_p=0.0, dropout_seed=None, alibi_offset=0, fp8_probabilities=False):
     """(out, lse) computed in `dtype` (float64 by default) with a materialised score matrix.
 
+    A row with a visible score that is NaN or +inf (a NaN or infinite input, bias, sink or
+    ALiBi slope) gets NaN out and NaN lse.
     Query i sees key j iff (left < 0 or j >= i + d - left) and (right < 0 or j <= i + d + right),
     d = seqlen_k - seqlen_q, right forced to 0 by `causal`. Scores: scale * q.k, then
     softcap * tanh(s / softcap) when softcap > 0, then -slope * |i + d + alibi_offset - j| with
@@ -34,37 +36,13 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     back, over the unrounded row sum.
     """
     out_dtype = q.dtype
-    q, k, v = (t.to(dtype) for t in (q, k, v))
-    batch, seqlen_q, heads, head_dim = q.shape
-    kv_heads, seqlen_k = k.shape[2], k.shape[1]
-    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
-    group = heads // kv_heads
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    row = torch.arange(seqlen_q, device=q.device)[:, None]
-    col = torch.arange(seqlen_k, device=q.device)[None, :]
-    diag = seqlen_k - seqlen_q
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.to(dtype).expand(batch, heads)[:, :, None, None]
-        scores = scores - slopes * (row + diag + alibi_offset - col).abs().to(dtype)
-    left, right = window_size
-    if causal:
-        right = 0
-    if right >= 0:
-        scores = scores.masked_fill(col > row + diag + right, float("-inf"))
-    if left >= 0:
-        scores = scores.masked_fill(col < row + diag - left, float("-inf"))
-    if bias is not None:
-        if bias.dtype == torch.bool:
-            scores = scores.masked_fill(~bias, float("-inf"))
-        else:
-            scores = scores + bias.to(dtype)
-    if q_segment_ids is not None:
-        other = q_segment_ids[:, None, :, None] != kv_segment_ids[:, None, None, :]
-        scores = scores.masked_fill(other, float("-inf"))
+    v = v.to(dtype)
+    batch, seqlen_q, heads, _ = q.shape
+    seqlen_k = k.shape[1]
+    v = v.repeat_interleave(heads // k.shape[2], dim=2)
+    scores = attention_scores(q, k, softmax_scale, causal, dtype, window_size=window_size, softcap=softcap,
+                              alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                              bias=bias, alibi_offset=alibi_offset)
     # Rows that see no key get lse -inf and probabilities 0; they are computed on zeros so that
     # autograd never meets exp(-inf - -inf).
     empty = (scores == float("-inf")).all(-1, keepdim=True)
@@ -76,6 +54,7 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
     else:
         lse = torch.logsumexp(safe, dim=-1).masked_fill(empty[..., 0], float("-inf"))
         probs = torch.exp(safe - torch.logsumexp(safe, dim=-1, keepdim=True)).masked_fill(empty, 0.0)
+    lse = _undefined_where_infinite(lse)
     if fp8_probabilities:
         # exp(s - m) with m the row max (the sink's logit included), rounded, over the row sum.
         row_max = safe.amax(-1, keepdim=True)
@@ -85,11 +64,63 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, dtype=torch.f
         rounded = (weights * FP8_PROBABILITY_SCALE).to(torch.float8_e4m3fn).to(dtype) / FP8_PROBABILITY_SCALE
         probs = rounded * torch.exp(row_max - lse[..., None]).masked_fill(empty, 0.0)
     if dropout_p > 0:
-        keep, keep_probability = dropout_keep_mask(dropout_seed, batch, heads, seqlen_q, seqlen_k, dropout_p)
-        probs = probs * keep.to(probs.device) / keep_probability
+        keep, keep_probability = dropout_keep_mask(dropout_seed, batch, heads, seqlen_q, seqlen_k, dropout_p,
+                                                   device=probs.device)
+        probs = probs * keep / keep_probability
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     # lse follows fattn's contract: float32, float64 for float64 inputs.
     return out.to(out_dtype), lse.to(lse_dtype(out_dtype))
+
+
+def attention_scores(q, k, softmax_scale=None, causal=False, dtype=torch.float64, *, window_size=(-1, -1),
+                     softcap=0.0, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, bias=None,
+                     alibi_offset=0):
+    """The scores [batch, heads, seqlen_q, seqlen_k] in `dtype` that attention_reference takes the
+    softmax of: -inf where the query does not see the key (masks, windows, segments, a False or
+    -inf bias); the rules are attention_reference's."""
+    q, k = q.to(dtype), k.to(dtype)
+    batch, seqlen_q, heads, head_dim = q.shape
+    kv_heads, seqlen_k = k.shape[2], k.shape[1]
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    k = k.repeat_interleave(heads // kv_heads, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    row = torch.arange(seqlen_q, device=q.device)[:, None]
+    col = torch.arange(seqlen_k, device=q.device)[None, :]
+    diag = seqlen_k - seqlen_q
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype).expand(batch, heads)[:, :, None, None]
+        scores = scores - slopes * (row + diag + alibi_offset - col).abs().to(dtype)
+    if bias is not None:
+        if bias.dtype == torch.bool:
+            scores = scores.masked_fill(~bias, float("-inf"))
+        else:
+            scores = scores + bias.to(dtype)
+    # The masks come last: a key the query does not see is -inf whatever its score was (a NaN
+    # or infinite bias entry there is never read).
+    left, right = _window_sides(window_size)
+    if causal:
+        right = 0
+    if right >= 0:
+        scores = scores.masked_fill(col > row + diag + right, float("-inf"))
+    if left >= 0:
+        scores = scores.masked_fill(col < row + diag - left, float("-inf"))
+    if q_segment_ids is not None:
+        other = q_segment_ids[:, None, :, None] != kv_segment_ids[:, None, None, :]
+        scores = scores.masked_fill(other, float("-inf"))
+    return scores
+
+
+def _undefined_where_infinite(lse):
+    """A visible score of +inf makes its row's softmax undefined (inf / inf): lse is NaN, as out
+    is, rather than logsumexp's +inf. A NaN score already gives NaN."""
+    return lse.masked_fill(lse == float("inf"), float("nan"))
+
+
+def _window_sides(window_size):
+    """(left, right) as ints; a side wider than any sequence (even past int64) bounds nothing."""
+    return tuple(min(int(side), 2**62) for side in window_size)
 
 
 # The FP8 forward's probability scale: kFp8ProbabilityScale in csrc/common/fp8.h, which the kernel
@@ -190,7 +221,7 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
     if (k is None) != (v is None):
         raise ValueError("kvcache_reference: give both k and v, or neither")
     seqlen_new = 0 if k is None else k.shape[1]
-    left, right = window_size
+    left, right = _window_sides(window_size)
     per_token = causal or 0 <= left < capacity or 0 <= right < capacity
     if causal:
         right = 0
@@ -258,49 +289,77 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
             lse = torch.logsumexp(torch.cat([scores, sink_column], dim=-1), dim=-1)
         else:
             lse = torch.logsumexp(scores, dim=-1)  # -inf for rows with no visible key (or no key)
-        probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+        lse = _undefined_where_infinite(lse)
+        probs = torch.exp(scores - lse[..., None]).masked_fill((lse == float("-inf"))[..., None], 0.0)
         out = torch.einsum("hgqk,khd->qhgd", probs, values).reshape(seqlen_q, heads, head_dim)
         outs.append(out.to(out_dtype))
         lses.append(lse.reshape(heads, seqlen_q).to(lse_dtype(out_dtype)))
     return torch.stack(outs), torch.stack(lses)
 
 
-def _philox4x32(counters, key):
-    """Philox-4x32 with 10 rounds (Triton's tl.philox constants) over numpy uint64 arrays holding
-    32-bit values: products of two 32-bit values fit 64 bits exactly."""
-    import numpy as np
+_PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_KEY_STEPS = (0x9E3779B9, 0xBB67AE85)
+_LOW16, _LOW32 = 0xFFFF, 0xFFFFFFFF
 
-    mask32 = np.uint64(0xFFFFFFFF)
+
+def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of a * b for a 32-bit constant and int64 tensor b of 32-bit values,
+    in 16-bit limbs so that no intermediate leaves int64's range."""
+    a_high, a_low = a >> 16, a & _LOW16
+    b_high, b_low = b >> 16, b & _LOW16
+    middle = a_high * b_low + a_low * b_high
+    low = a_low * b_low + ((middle & _LOW16) << 16)
+    return a_high * b_high + (middle >> 16) + (low >> 32), low & _LOW32
+
+
+def _philox4x32(counters, key):
+    """Philox-4x32 with 10 rounds (Triton's tl.philox constants) over int64 tensors holding 32-bit
+    values, keyed by two 32-bit ints."""
     c0, c1, c2, c3 = counters
     k0, k1 = key
     for _ in range(10):
-        p0 = np.uint64(0xD2511F53) * c0
-        p2 = np.uint64(0xCD9E8D57) * c2
-        c0, c1, c2, c3 = (p2 >> np.uint64(32)) ^ c1 ^ k0, p2 & mask32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask32
-        k0 = (k0 + np.uint64(0x9E3779B9)) & mask32
-        k1 = (k1 + np.uint64(0xBB67AE85)) & mask32
+        high0, low0 = _mulhilo32(_PHILOX_MULTIPLIERS[0], c0)
+        high2, low2 = _mulhilo32(_PHILOX_MULTIPLIERS[1], c2)
+        c0, c1, c2, c3 = high2 ^ c1 ^ k0, low2, high0 ^ c3 ^ k1, low0
+        k0 = (k0 + _PHILOX_KEY_STEPS[0]) & _LOW32
+        k1 = (k1 + _PHILOX_KEY_STEPS[1]) & _LOW32
     return c0, c1, c2, c3
 
 
-def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
-    """(keep, keep_probability): fattn's dropout mask, bool [batch, heads, seqlen_q, seqlen_k], written
-    from its definition (docs/DESIGN.md, rule 11) independently of the kernels and the CPU op.
+def dropout_threshold(dropout_p: float) -> tuple[int, float]:
+    """(the 16-bit draw a kept key reaches at least, the resulting keep probability)."""
+    threshold = min(round(dropout_p * 65536), 65535)
+    return threshold, (65536 - threshold) / 65536
+
+
+def dropout_keep_at(seed, b, h, i, j, dropout_p) -> torch.Tensor:
+    """fattn's keep decision for sequence b, head h, query row i, key j: int64 tensors (or ints) that
+    broadcast together, on the device the result is wanted on; a bool tensor of their broadcast
+    shape. The definition is dropout_keep_mask's."""
+    seed = int(seed.reshape(-1)[0]) if isinstance(seed, torch.Tensor) else int(seed)
+    seed &= (1 << 64) - 1
+    threshold, _ = dropout_threshold(dropout_p)
+    device = next((x.device for x in (b, h, i, j) if isinstance(x, torch.Tensor)), None)
+    b, h, i, j = torch.broadcast_tensors(*(torch.as_tensor(x, dtype=torch.int64, device=device) for x in (b, h, i, j)))
+    key_group = (j // 16) * 4 + (j % 8) // 2
+    row_group = (i // 16) * 8 + i % 8
+    words = _philox4x32((key_group, row_group, h, b), (seed & _LOW32, seed >> 32))
+    choice = 2 * ((i // 8) % 2) + (j // 8) % 2
+    word = torch.where(choice == 0, words[0], torch.where(choice == 1, words[1],
+                                                          torch.where(choice == 2, words[2], words[3])))
+    draw = (word >> (16 * (j % 2))) & _LOW16
+    return draw >= threshold
+
+
+def dropout_keep_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p, device=None):
+    """(keep, keep_probability): fattn's dropout mask, bool [batch, heads, seqlen_q, seqlen_k] on
+    `device` (default CPU), written from its definition (docs/DESIGN.md, rule 11) independently of
+    the kernels and the CPU op.
 
     Key j of query row i, head h, sequence b is kept when its 16-bit draw is >= round(p * 2**16):
     word 2 * ((i // 8) % 2) + (j // 8) % 2 of Philox-4x32-10 keyed by the 64-bit seed (low word
     first) at counter ((j // 16) * 4 + (j % 8) // 2, (i // 16) * 8 + i % 8, h, b), its low half for
-    even j, high half for odd j. `seed` is the int64 seed tensor (one element) or an int. Needs numpy."""
-    import numpy as np
-
-    seed = int(seed.reshape(-1)[0]) if isinstance(seed, torch.Tensor) else int(seed)
-    seed &= (1 << 64) - 1
-    threshold = min(round(dropout_p * 65536), 65535)
-    b, h, i, j = np.meshgrid(np.arange(batch), np.arange(heads), np.arange(seqlen_q), np.arange(seqlen_k),
-                             indexing="ij")
-    key_group = (j // 16) * 4 + (j % 8) // 2
-    row_group = (i // 16) * 8 + i % 8
-    counters = tuple(x.astype(np.uint64) for x in (key_group, row_group, h, b))
-    words = _philox4x32(counters, (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
-    word = np.choose(2 * ((i // 8) % 2) + (j // 8) % 2, words)
-    draw = (word >> (np.uint64(16) * (j % 2).astype(np.uint64))) & np.uint64(0xFFFF)
-    return torch.from_numpy(draw >= threshold), (65536 - threshold) / 65536
+    even j, high half for odd j. `seed` is the int64 seed tensor (one element) or an int."""
+    index = [torch.arange(n, device=device) for n in (batch, heads, seqlen_q, seqlen_k)]
+    b, h, i, j = (x.reshape([-1 if d == axis else 1 for d in range(4)]) for axis, x in enumerate(index))
+    return dropout_keep_at(seed, b, h, i, j, dropout_p), dropout_threshold(dropout_p)[1]

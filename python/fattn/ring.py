@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ._checks import check_alibi_slopes, check_sinks, check_softcap, check_window, lse_dtype, window_pair
+from ._checks import check_alibi_slopes, check_sinks, check_softcap, lse_dtype
+from ._arguments import window_pair
 from ._library import load_library
 from .attention import sinks_gradient
 from .merge import merge_attention_states
@@ -247,8 +248,7 @@ class _Block:
     def rows(self, span: tuple[int, int]) -> list[torch.Tensor]:
         """k and v of the block's rows span = (lo, hi), contiguous (point-to-point ops need it)."""
         a, b = span[0] - self.lo, span[1] - self.lo
-        if (a, b) == (0, self.k.shape[1]):
-            return [self.k, self.v]
+        # (a no-op on a contiguous block; a caller's strided shard, e.g. a slice of a batch, is copied)
         return [self.k[:, a:b].contiguous(), self.v[:, a:b].contiguous()]
 
     def local(self, piece: _Piece) -> slice:
@@ -481,7 +481,6 @@ class _RingAttention(torch.autograd.Function):
 def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_slopes):
     _check_sharding(sharding)
     left, right = window_pair("ring_flash_attn_func", window_size)
-    check_window("fattn.ring_flash_attn_func", left, right)
     check_softcap("fattn.ring_flash_attn_func", softcap)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:

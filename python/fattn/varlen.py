@@ -12,10 +12,11 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _dropout, _head_dim
+from . import _attn_probs, _dropout, _head_dim
 from ._checks import (
-    check_dropout, check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of, window_pair,
+    check_dropout, check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of,
 )
+from ._arguments import flag, integer, real, window_pair
 from ._library import load_library
 from .fp8 import FP8_DTYPES, check_fp8_inputs, forward_output_dtype, refuse_gradients
 from .paged_varlen import paged_varlen_forward
@@ -43,15 +44,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
            is rows [cu[b], cu[b + 1]). Their values are checked on CPU tensors; on CUDA they
            are not read on the host (that would stall the stream): keep them non-decreasing,
            within the tensors and each sequence at most max_seqlen long.
-        max_seqlen_q, max_seqlen_k: the longest sequence (sizes the grid).
-        dropout_p ... return_attn_probs: as flash_attn_func; causal and windows are aligned
+        max_seqlen_q, max_seqlen_k: the longest sequence (sizes the grid): an int, a numpy int or a
+           one-element integer tensor (read on the host).
+        dropout_p ... return_attn_probs: as flash_attn_func (S_dmask with dropout is [batch, heads,
+           max_seqlen_q and max_seqlen_k rounded up to 128], sequence b's query t at row t and key
+           j at column j of S_dmask[b]; the offsets are read on the host); causal and windows are aligned
            to the bottom-right corner of each sequence's own (seqlen_q, seqlen_k). Dropout's
            mask counts rows and keys from each sequence's start, batch = sequence index.
         block_table: int32 [batch, pages_per_seq]: k and v are a paged cache [num_pages, page_size,
            kv_heads, head_dim] (page_size a multiple of 16), key j of sequence b in page
            block_table[b, j // page_size], and sequence b has cu_seqlens_k[b + 1] - cu_seqlens_k[b]
-           keys (seqused_k[b] if given). Forward only (chunked prefill): no dropout, no gradient;
-           fattn/paged_varlen.py.
+           keys (seqused_k[b] if given). Forward only (chunked prefill): no dropout, and a
+           backward that reaches its outputs raises; fattn/paged_varlen.py.
         seqused_k: (keyword) int32 [batch]: sequence b attends to its first seqused_k[b] keys.
         return_lse: (keyword) also return lse, float32 [heads, total_q].
         sinks: (keyword) float32 [heads], as in flash_attn_func.
@@ -61,34 +65,39 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     Rows outside every sequence (past cu[batch]) get out 0 and lse 0, and gradient 0.
     """
-    refuse_gradients("flash_attn_varlen_func", q, k, v, sinks)
-    dropout_p = _dropout.check_probability("flash_attn_varlen_func", dropout_p)
-    left, right = window_pair("flash_attn_varlen_func", window_size)
+    fn = "flash_attn_varlen_func"
+    refuse_gradients(fn, q, k, v, sinks)
+    max_seqlen_q, max_seqlen_k = (integer(fn, name, value, minimum=0) for name, value in
+                                  (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)))
+    dropout_p = _dropout.check_probability(fn, dropout_p)
+    softmax_scale, softcap = real(fn, "softmax_scale", softmax_scale, allow_none=True), real(fn, "softcap", softcap)
+    causal, deterministic = flag(fn, "causal", causal), flag(fn, "deterministic", deterministic)
+    left, right = window_pair(fn, window_size)
     if block_table is not None:
         if q.dtype in FP8_DTYPES or any(t is not None for t in (q_descale, k_descale, v_descale)):
-            fail("fattn.flash_attn_varlen_func", "float8 q, k, v and their descales are not taken with block_table "
+            fail(f"fattn.{fn}", "float8 q, k, v and their descales are not taken with block_table "
                  "(paged keys); flash_attn_with_kvcache reads an FP8 cache")
-        if dropout_p > 0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-            raise RuntimeError("fattn.flash_attn_varlen_func: with block_table (paged keys) attention is forward "
-                               "only: dropout_p must be 0 and q, k, v must not require grad (or call under "
-                               "torch.no_grad())")
+        if dropout_p > 0:
+            fail(f"fattn.{fn}", "dropout_p is ", dropout_p, "; with block_table (paged keys) attention is for "
+                 "inference, without dropout")
         out, lse = paged_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table, seqused_k,
                                         softmax_scale, causal, left, right, softcap, alibi_slopes, sinks)
         if return_attn_probs:
             return out, lse, None
         return (out, lse) if return_lse else out
-    head_dim, padding = q.shape[-1], _head_dim.padding_for(q, k, v)
-    if padding:  # a head dim that is not a multiple of 8 (fattn/_head_dim.py)
-        softmax_scale = _head_dim.scale_for(softmax_scale, head_dim)
-        q, k, v = _head_dim.pad((q, k, v), padding)
+    padding = _head_dim.Padding(q, k, v)  # a head dim that is not a multiple of 8
+    softmax_scale = padding.scale(softmax_scale)
+    q, k, v = padding.inputs(q, k, v)
+    dropout_seed = _dropout.draw_seed(dropout_p, q.device)
     out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                  softmax_scale, causal, deterministic, left, right, softcap, alibi_slopes, sinks,
-                                 dropout_p, _dropout.draw_seed(dropout_p, q.device), q_descale, k_descale,
-                                 v_descale)
-    if padding:
-        out = out[..., :head_dim]
+                                 dropout_p, dropout_seed, q_descale, k_descale, v_descale)
+    out = padding.output(out)
     if return_attn_probs:
-        return out, lse, None
+        s_dmask = None if dropout_p == 0 else _attn_probs.packed(
+            q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, dropout_p, dropout_seed,
+            softmax_scale, causal, (left, right), softcap, alibi_slopes)
+        return out, lse, s_dmask
     return (out, lse) if return_lse else out
 
 

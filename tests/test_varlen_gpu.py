@@ -101,3 +101,38 @@ def test_compile_dynamic_new_lengths_do_not_recompile():
             got = f(q, k, v, cu, max(lengths))
         want = fattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True) * 2
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [16, 40, 64, 128])
+def test_rows_past_a_sequence_s_keys_never_reach_dq(head_dim, causal, deterministic):
+    """flash-attn's varlen overflow case: one key per sequence beside 34 to 146 queries, inputs
+    scaled by 3, so that a key of the next sequence let into a row's softmax overflows it. The
+    Hopper dK/dV kernel's dQ accumulation (deterministic=False, head dims 33-64) once added the
+    rows past a sequence's keys, the next sequence's, into dQ: NaN rows."""
+    torch.manual_seed(0)
+    cu_q = torch.tensor([0, 76, 110, 256], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    q = torch.randn(256, 5, head_dim, dtype=torch.float16, device="cuda") * 3
+    k, v = (torch.randn(3, 5, head_dim, dtype=torch.float16, device="cuda") * 3 for _ in range(2))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, 256, 3, causal=causal, deterministic=deterministic)
+    w = torch.randn_like(out, dtype=torch.float32)
+    got = torch.autograd.grad((out.float() * w).sum(), leaves)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = _per_sequence(attention_reference, *ref_leaves, cu_q, cu_k, torch.float64, causal=causal)
+    want = torch.autograd.grad((ref_out * w.double()).sum(), ref_leaves)
+    low_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    low_out, _ = _per_sequence(attention_reference, *low_leaves, cu_q, cu_k, torch.float16, causal=causal)
+    low_grads = torch.autograd.grad((low_out.float() * w).sum(), low_leaves)
+    # One key per row: the softmax is constant, so dS, dQ and dK are 0 but for the rounding of out
+    # to fp16 in dP - delta (dQ up to 2e-5 and dK up to 7e-5 on an H200, where torch's fp16
+    # gradients are exactly 0); a key of the next sequence let in gives NaN or O(1).
+    for g, name in zip(got[:2], ("dq", "dk")):
+        assert torch.isfinite(g).all() and g.abs().max().item() <= 1e-3, f"{name} took rows of other sequences"
+    for g, r, lo, name in zip(got[2:], want[2:], low_grads[2:], ("dv",)):
+        assert torch.isfinite(g).all(), f"{name} has non-finite rows"
+        err, base = (g.double() - r).abs().max().item(), (lo.double() - r).abs().max().item()
+        rounding = 0.5 * torch.finfo(torch.float16).eps * r.abs().max().item()
+        assert err <= 2 * base + 1e-5 + rounding, f"{name}: error {err:.3e} > 2 x torch error {base:.3e}"

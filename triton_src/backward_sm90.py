@@ -78,6 +78,10 @@ def _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right, use_seg
                                                    BLOCK_M, BLOCK_N)
     lo, full_lo, full_hi, hi = segment_span(span_base, start_n, seqlen_k, lo, full_lo, full_hi, hi, use_segments,
                                             BLOCK_N, BLOCK_M)
+    # A key tile that runs past its sequence's keys holds rows that are not its own (the next
+    # sequence's, in a packed batch): each of its query tiles takes the mask, so that P and dS are
+    # 0 there and the dQ accumulated from them (ACCUMULATE_DQ) takes nothing from those rows.
+    full_hi = gl.where(start_n + BLOCK_N > seqlen_k, full_lo, full_hi)
     start, stop = tile_loop_bounds(lo, full_lo, full_hi, hi, BLOCK_M, True)
     n_full = (full_hi - full_lo) // BLOCK_M
     return lo, full_lo, full_hi, n_full, n_full + (stop - start) // BLOCK_M

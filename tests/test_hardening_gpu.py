@@ -205,6 +205,7 @@ SHARED_BASE = 0x400  # racecheck's address of a block's first dynamic shared byt
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer (CUDA toolkit) not on PATH")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")  # (checked first: the bottom mark)
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_finds_nothing(tool):
     only = ["--kernel-name-exclude", f"kns={HOPPER_KERNELS}"] if tool == "racecheck" else []
@@ -221,7 +222,7 @@ def test_compute_sanitizer_finds_nothing(tool):
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer (CUDA toolkit) not on PATH")
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                    reason="the Hopper kernels run on sm_90 only")
+                    reason="needs a CUDA GPU of sm_90 (the Hopper kernels)")
 @pytest.mark.parametrize("call", ["forward-d128", "forward-d64", "forward-d96", "forward-d192", "backward-d64",
                                   "backward-d64-deterministic", "backward-d96",
                                   "backward-d128-softcap", "backward-d256", "dq-d128", "forward-d128-bias",

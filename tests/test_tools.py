@@ -158,7 +158,7 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
     assert all(r["efficiency_vs_single_gpu"] > 0 for r in rows if r["impl"] == "fattn_ring")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs where there is no GPU (it checks the refusal there)")
 def test_kernel_times_refuses_a_machine_without_cuda():
     # It profiles CUDA kernels; without a GPU it stops with that reason, after importing the
     # benchmark CLI's callables it times (a renamed one fails here, not on the next GPU run).

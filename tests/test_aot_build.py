@@ -15,6 +15,8 @@ from aot_build import grid
 from aot_build.__main__ import build
 from aot_build.compiler import BuildError, compile_variant
 
+pytestmark = pytest.mark.slow  # the slow tier (-m slow): compiles kernel grids
+
 ELF_MACHINE_CUDA = 190
 
 

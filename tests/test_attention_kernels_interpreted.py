@@ -17,6 +17,8 @@ import pytest
 
 from helpers import run_interpreted
 
+pytestmark = pytest.mark.slow  # the slow tier (-m slow): the attention kernels under Triton's interpreter
+
 SCRIPT = Path(__file__).with_name("interpret_attention_kernels.py")
 CASES = [
     "plain-gqa2", "causal-sq-above-sk", "window5-causal", "window0-0", "window0-0-sq-above-sk", "window20-3",

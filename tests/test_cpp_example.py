@@ -12,6 +12,8 @@ import pytest
 
 from helpers import check_stable_abi
 
+pytestmark = pytest.mark.slow  # the slow tier (-m slow): builds the CMake package and the C++ example
+
 ROOT = Path(__file__).resolve().parent.parent
 BATCH, PROMPT, STEPS = 2, 37, 5  # as in examples/cpp/main.cpp
 PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES, APPEND_QUERIES = 16, 3, 8, 16  # its paged KV cache

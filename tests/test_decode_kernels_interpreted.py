@@ -11,6 +11,8 @@ import pytest
 
 from helpers import run_interpreted
 
+pytestmark = pytest.mark.slow  # the slow tier (-m slow): the decode kernels under Triton's interpreter
+
 SCRIPT = Path(__file__).with_name("interpret_decode_kernels.py")
 
 

@@ -107,6 +107,7 @@ def _gradcheck_each_input_fast(fn, inputs):
     return True
 
 
+@pytest.mark.slow  # the slow tier (-m slow): gradcheck of every forward sample, about 25 s
 def test_forward_gradcheck_cpu():
     # Gradients into both outputs: lse's gradient (dlse) reaches q and k.
     for sample in forward_samples("cpu", torch.float64, requires_grad=True):

@@ -186,7 +186,7 @@ def _spawn(world, check_name):
 
 # 1: a rank that is its own neighbour sends nothing; 8: blocks travel both ways over several hops
 # (two-sided windows over contiguous shards, causal windows over zigzag ones).
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("world", [1, 2] + [pytest.param(w, marks=pytest.mark.slow) for w in (3, 4, 8)])
 def test_ring_matches_single_process_attention(world):
     _spawn(world, "ring")
 

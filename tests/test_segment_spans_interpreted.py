@@ -10,6 +10,8 @@ import pytest
 
 from helpers import run_interpreted
 
+pytestmark = pytest.mark.slow  # the slow tier (-m slow): the segment-span kernel under Triton's interpreter
+
 SCRIPT = Path(__file__).with_name("interpret_segment_spans.py")
 CASES = ["sorted-documents", "documents-of-40", "sorted-q-longer-than-k", "unsorted-runs", "negative-and-extreme-ids",
          "tile-longer-than-sequence"]

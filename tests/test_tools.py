@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # the slow tier (-m slow): runs the benchmark and tuning tools
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -3,7 +3,7 @@ d128 cache's, 256 as a bf16 one's), read two ways with the same bytes and tiles:
 program one head's rows, strided by heads * row_bytes, as the decode split kernel reads) and per
 key range (each program all heads' rows, contiguous). A plain fp32 sum, Triton's JIT, 4 and 8
 warps, CUDA-graph replays: it asks whether the access pattern or the warps in flight bound a
-streaming read (NOTES.md D13).
+streaming read (docs/notes/decode.md D13).
 
     python benchmarks/read_rate_probe.py
 """

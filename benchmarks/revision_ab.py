@@ -1,6 +1,6 @@
 """One Hopper kernel as another git revision has it against the working tree's, both through
 Triton's JIT on the same inputs, interleaved: how a change to a Gluon kernel is measured before it
-is adopted (the `jit_ab*.log` files under benchmarks/results/, NOTES.md T16-T19).
+is adopted (the `jit_ab*.log` files under benchmarks/results/, docs/notes/tuning.md T16-T19).
 
     python benchmarks/revision_ab.py --base e5229f5 --kernel dkdv --head-dims 64 --accumulate-dq
     python benchmarks/revision_ab.py --base HEAD --kernel dq --head-dims 128 --softcap 30

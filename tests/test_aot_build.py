@@ -502,7 +502,7 @@ def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
     assert artifact.ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 40
     assert "wgmma.mma_async.sync.aligned.m64n32k16" not in artifact.ptx
     assert 160 * 1024 < artifact.meta["shared"] <= 232448
-    # Its loops divide by the tile count (carrying the tile measured slower here, NOTES.md T19).
+    # Its loops divide by the tile count (carrying the tile measured slower here, docs/notes/tuning.md T19).
     assert "div.u32" in artifact.ptx or "div.s32" in artifact.ptx
 
 
@@ -618,7 +618,7 @@ def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):
 
 def test_the_d64_hopper_forward_compiles_with_three_consumer_warpgroups(tmp_path):
     # 192 query rows, three consumer warpgroups of 64 at 160 registers (setmaxnreg) and a
-    # producer: 16 warps, each K/V slot released by three arrivals (NOTES.md T18).
+    # producer: 16 warps, each K/V slot released by three arrivals (docs/notes/tuning.md T18).
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "64"})
                    if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16")
     assert variant.constant_dict["BLOCK_M"] == 192

@@ -202,7 +202,7 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
     torch.manual_seed(sq)
     q, k, v = make_qkv(b, sq, sk, h, hk, 64, dtype, "cuda")
     tiles = -(-sq // 192)
-    # Segment ids take the looping kernel's second copy of its key loop at d64 (NOTES.md T18).
+    # Segment ids take the looping kernel's second copy of its key loop at d64 (docs/notes/tuning.md T18).
     q_ids = torch.sort(torch.randint(0, 5, (b, sq), device="cuda", dtype=torch.int32), 1).values
     kv_ids = torch.sort(torch.randint(0, 5, (b, sk), device="cuda", dtype=torch.int32), 1).values
     if right_edge:

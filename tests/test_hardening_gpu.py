@@ -196,7 +196,7 @@ def test_a_failing_driver_call_names_the_kernel_and_the_process_stays_usable():
 # calls' racecheck and checked one call at a time below: racecheck reports hazards in every
 # warp-specialized Gluon kernel between Triton's own code that hands a partition its values (the
 # default warps store them at the top of shared memory, the partitions load them after a CTA-wide
-# named barrier), also in a 30-line kernel with no fattn code (NOTES.md T12).
+# named barrier), also in a 30-line kernel with no fattn code (docs/notes/tuning.md T12).
 HOPPER_KERNELS = "_sm90"
 # Where Triton 3.6 keeps a partition's values: the allocation's last 1 KB-aligned block, after
 # every swizzled tile (1 KB-aligned); the mbarriers may share it, the data buffers do not.

@@ -200,7 +200,7 @@ def attn_bwd_dq_sm90(
     adds the second consumer and the producer warp."""
     gl.static_assert(SCORE_MOD != 2, "attn_bwd_dq_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
     # K(j-1) is held through iteration j, so a third slot keeps K(j+1) loading; four, because
-    # the slot and phase arithmetic then needs no division by three (1.01-1.04x, NOTES.md T19).
+    # the slot and phase arithmetic then needs no division by three (1.01-1.04x, docs/notes/tuning.md T19).
     STAGES: gl.constexpr = 4
     HALF_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty

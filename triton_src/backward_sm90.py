@@ -62,7 +62,7 @@ LOG2E = gl.constexpr(1.4426950408889634)
 # A warpgroup, though one warp could issue the loads: Triton orders a partition's shared-memory
 # stores before its mbarrier arrival (one elected thread) by a named barrier when the partition
 # has several warps, by bar.warp.sync when it has one, which compute-sanitizer's racecheck does
-# not take for ordering (NOTES.md T12). setmaxnreg works per warpgroup, so the kernel has 12 warps
+# not take for ordering (docs/notes/tuning.md T12). setmaxnreg works per warpgroup, so the kernel has 12 warps
 # either way.
 PRODUCER_WARPS = gl.constexpr(4)
 
@@ -547,12 +547,12 @@ def attn_bwd_dkdv_sm90(
     # _accumulate_dq they never wait for each other, and four slots let one run ahead of the
     # other (three cost more than they gain: the slot and phase arithmetic divides by three).
     # Two elsewhere: without dQ the warpgroups gained nothing from more (measured at d64 and
-    # d128, NOTES.md T19), the wide form at d256 has no room for more, and at d128 it was not
+    # d128, docs/notes/tuning.md T19), the wide form at d256 has no room for more, and at d128 it was not
     # measured with more.
     STAGES: gl.constexpr = 4 if ACCUMULATE_DQ and not WIDE and BLOCK_D <= 64 else 2
     # Each iteration's (head of the group, query tile) carried from the last one instead of
     # divided out of the loop counter: 1.01-1.02x at d128 and d256 without dQ accumulated or a
-    # score modification, but 0.95x at d64 16k with dQ (NOTES.md T19), and the d256 softcap
+    # score modification, but 0.95x at d64 16k with dQ (docs/notes/tuning.md T19), and the d256 softcap
     # variant spills 24 bytes more with it: only where measured faster.
     CARRIED: gl.constexpr = BLOCK_D >= 128 and not ACCUMULATE_DQ and SCORE_MOD == 0
     HALF_N: gl.constexpr = BLOCK_N // 2

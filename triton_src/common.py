@@ -289,7 +289,7 @@ def alibi_scores(scores, q_idx, k_idx, diagonal, alibi_log2, alibi_offset):
     """The log2-domain scores minus ALiBi's slope * |q_idx + diagonal + alibi_offset - k_idx|
     (modified_scores' second step; alone, for kernels built for ALiBi without a softcap)."""
     # The offset goes on the key side: on the query side it kept a second copy of the query
-    # positions live through the loops (more spills in 9-11 of 20 sm_90 variants; NOTES.md R6).
+    # positions live through the loops (more spills in 9-11 of 20 sm_90 variants; docs/notes/ring.md R6).
     # Positions become floats before they meet: one conversion per row and per key of the tile
     # instead of one per score (integer-to-float conversions run at a quarter of the FMA rate),
     # and the distance is one FADD whose absolute value is free. Exact below 2**24 positions.

@@ -101,7 +101,7 @@ def _wide_fp8_stride(stride):
     head_dim is the power-of-two bucket, so a contiguous cache's strides are such multiples; the
     op copies or refuses a cache that breaks it, decode_cuda.cpp): the K rows then load 16 bytes at
     a time, where the spec's promise of 8 elements alone gives 8-byte loads of FP8 values. (V's
-    stay 8: Triton lays its tile out for the conversion to q's dtype; NOTES.md D11.)"""
+    stay 8: Triton lays its tile out for the conversion to q's dtype; docs/notes/decode.md D11.)"""
     return (stride // 16) * 16
 
 
@@ -297,7 +297,7 @@ def _wide_key_tiles(
     visible middle). MASKED applies the rows' window and the chunk's end; MODS compiles the
     softcap and ALiBi in (WIDE 2; WIDE 1 leaves their code out, which costs the pipeline even
     unused). Where a tile's keys live is looked up one tile ahead (loop-carried), so the K/V
-    loads do not wait on the block table and Triton pipelines them (NOTES.md D2)."""
+    loads do not wait on the block table and Triton pipelines them (docs/notes/decode.md D2)."""
     tile = first_tile + tl.where(0 >= skip_at, skip, 0)
     page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED)
     for i in range(0, num_tiles):

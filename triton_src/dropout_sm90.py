@@ -11,7 +11,7 @@ layout exactly (`assert_trivial`: no data moves); for the dK/dV kernel's transpo
 through a shared-memory buffer of the caller's. Not through a layout conversion's own scratch: in
 a warp-specialized kernel Triton 3.6 may place that scratch where the default partition's
 arguments to the other partitions lie, which those read after the default partition has gone on
-(compute-sanitizer's racecheck finds it; NOTES.md T30).
+(compute-sanitizer's racecheck finds it; docs/notes/tuning.md T30).
 """
 
 import triton.language as tl

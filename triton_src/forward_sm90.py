@@ -1,7 +1,7 @@
 """The Hopper (sm_90) attention forward, in Gluon: attn_fwd's contract (forward.py: the same
 arguments and results; its grid, or fewer programs per (head, batch): TILE_LOOP), with
 FlashAttention-3's structure written out, which Triton's own scheduler does not produce
-(NOTES.md T1, T3, T6, T13):
+(docs/notes/tuning.md T1, T3, T6, T13):
 
 - programs that loop over query tiles: a program runs several tiles of its (head, batch)
   (_program_tile), setting up its descriptors and barriers once and loading the next tile's Q,
@@ -11,7 +11,7 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
   visited K and V tile by TMA into a ring of STAGES shared-memory slots (mbarriers for "ready"
   and, one arrival per consumer, "empty"); BLOCK_M // 64 consumer warpgroups own 64 query rows
   each: two (240 registers each), or three at 160 (d64's 192-row tiles, FlashAttention-3's
-  shape; NOTES.md T18).
+  shape; docs/notes/tuning.md T18).
   The TMA descriptors are built on the device from pointers and strides (the launch ABI stays
   the kernels' own), over one (sequence, head) as a [seqlen, head_dim] matrix: TMA zero-fills
   rows past the sequence and columns past head_dim, so varlen and padded head dims need no
@@ -478,7 +478,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     mbarrier.wait(q_ready.index(WG), k & 1)
     if n_tiles > 0:
         # At 160 registers (three consumers) the key loop is compiled twice, with and without
-        # segment ids: their mask costs the loop registers even where unused (NOTES.md T18).
+        # segment ids: their mask costs the loop registers even where unused (docs/notes/tuning.md T18).
         if CONSUMERS == 2:
             acc, acc1, m_i, l_i, it, turn_phase = _key_loop(
                 q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn, s_zero, acc, m_i, l_i, it,

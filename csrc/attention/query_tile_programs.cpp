@@ -8,7 +8,7 @@ namespace fattn {
 
 namespace {
 // A program's setup (descriptors, barriers, the first loads, the last store), in query tiles'
-// time, as the H100 measured it (NOTES.md T13).
+// time, as the H100 measured it (docs/notes/tuning.md T13).
 constexpr int64_t kSetupTiles = 2;
 // At most this many query tiles with a right edge: one tile per program measured faster
 // (d256, 512 tokens, causal: two tiles per program ran at 0.86x).

@@ -13,7 +13,7 @@ namespace fattn {
 // dense calls pick by length: the looping kernel from the query rows the offline tuner found
 // it faster from (runtime::tile_loop_rows(): aot_build/tune_tile_loop.py), without and with a
 // right edge (causal, a window). Packed sequences, whose lengths differ, keep attn_fwd at d64,
-// where the Hopper kernel measured slower for them (NOTES.md T6), and the looping kernel above.
+// where the Hopper kernel measured slower for them (docs/notes/tuning.md T6), and the looping kernel above.
 // Without a tuned row it asks for the looping kernel; where the build has one of the two, that
 // one serves every length.
 bool prefers_tile_loop(int arch, int bucket, int64_t seqlen_q, bool packed, bool right_edge);

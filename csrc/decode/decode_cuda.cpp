@@ -28,7 +28,7 @@ using kernels::attn_decode_split;
 using kernels::kv_append;
 using kernels::rotate_queries;
 constexpr const char* kOp = "fattn.decode";
-// The automatic split count, from the H100 sweeps of benchmarks/bench_decode.py (NOTES.md):
+// The automatic split count, from the H100 sweeps of benchmarks/bench_decode.py (docs/notes/):
 // as many splits as keep every program in the first wave, one program per SM. A second,
 // partial wave costs more than it adds: 17 splits x 8 KV heads on 132 SMs ran 20 % slower
 // than 16. Chunks never shrink below kMinTilesPerSplit key tiles.
@@ -43,7 +43,7 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int
 
 // FP8 caches: the split kernel converts every K and V value, and one program per SM leaves the
 // loads short of the bandwidth. In the H200 sweep of benchmarks/tune_decode.py --kv-dtype e4m3
-// (NOTES.md D13) the fastest counts filled every SM with as many programs as its shared memory
+// (docs/notes/decode.md D13) the fastest counts filled every SM with as many programs as its shared memory
 // holds, in whole waves, with chunks of about kFp8KeysPerSplit keys: 32 splits at batch 1 / 128k
 // (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (where the rule above gives 2).
 constexpr int64_t kFp8KeysPerSplit = 4096;

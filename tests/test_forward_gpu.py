@@ -1,6 +1,6 @@
 """Forward kernels on a GPU against the float64 reference (skipped without a GPU).
 
-Run on the device machine before resolving kernel work; see README "GPU tests".
+Run on the device machine before resolving kernel work; see docs/performance.md, "GPU tests and benchmarks".
 """
 
 import pytest

@@ -4,7 +4,7 @@ and e5m2, odd lengths and head dims, GQA, masks and score modifications, packed 
 strided views, poisoned outputs, CUDA graphs, and the error on GPUs without FP8 tensor cores.
 
 The relative error distributions print with -s (pytest's capture off): the numbers that
-README's FP8 section quotes.
+docs/api.md's FP8 section quotes.
 """
 
 import pytest

@@ -20,7 +20,7 @@ def library_path() -> Path:
     if not path.exists():
         raise ImportError(
             f"fattn: compiled library not found at {path}. Build it with "
-            "`pip install --no-build-isolation -e .` from the source tree (see README.md)."
+            "`pip install --no-build-isolation -e .` from the source tree (see README.md, Install)."
         )
     return path
 

@@ -83,17 +83,15 @@ def window_pair(fn: str, window_size) -> tuple[int, int]:
             pair = window_size.tolist()
     elif not isinstance(window_size, (str, bytes, numbers.Number)) and hasattr(window_size, "__len__") \
             and hasattr(window_size, "__getitem__") and len(window_size) == 2:
-        pair = [window_size[0], window_size[1]]
-    if pair is None:
-        raise TypeError(f"fattn.{fn}: window_size must be a (left, right) pair of ints, -1 for unbounded, "
-                        f"got {window_size!r}")
+        pair = window_size
     try:
-        left, right = (integer(fn, "window_size", side) for side in pair)
+        if pair is None:
+            raise TypeError
+        left, right = integer(fn, "window_size", pair[0]), integer(fn, "window_size", pair[1])
     except TypeError:
         raise TypeError(f"fattn.{fn}: window_size must be a (left, right) pair of ints, -1 for unbounded, "
                         f"got {window_size!r}") from None
-    for side in (left, right):
-        if isinstance(side, int) and side < -1:
-            fail(f"fattn.{fn}", "window_size is (", left, ", ", right, "); expected each side -1 (unbounded) or >= 0")
+    if any(isinstance(side, int) and side < -1 for side in (left, right)):
+        fail(f"fattn.{fn}", "window_size is (", left, ", ", right, "); expected each side -1 (unbounded) or >= 0")
     return tuple(min(side, WIDEST_WINDOW) if isinstance(side, int) else side for side in (left, right))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import lse_dtype
 from .reference import attention_scores, dropout_keep_at
 
 ROUNDING = 128
@@ -47,8 +48,7 @@ def _alibi_of(alibi_slopes, b: int):
 def _fill_sequence(s_dmask, b, q_b, k_b, seed, dropout_p, variant):
     """Writes S_dmask[b] for one sequence: q_b [1, seqlen_q, heads, dim], k_b [1, seqlen_k, kv_heads, dim]."""
     heads, seqlen_q, seqlen_k = q_b.shape[2], q_b.shape[1], k_b.shape[1]
-    scores = attention_scores(q_b, k_b, dtype=torch.float64 if q_b.dtype == torch.float64 else torch.float32,
-                              **variant)[0]
+    scores = attention_scores(q_b, k_b, dtype=lse_dtype(q_b.dtype), **variant)[0]  # float32, float64 for float64
     device = q_b.device
     keep = dropout_keep_at(seed, b, torch.arange(heads, device=device)[:, None, None],
                            torch.arange(seqlen_q, device=device)[:, None], torch.arange(seqlen_k, device=device),

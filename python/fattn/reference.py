@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from ._arguments import WIDEST_WINDOW
 from ._checks import lse_dtype
 from .fp8 import FP8_DTYPES
 
@@ -120,7 +121,7 @@ def _undefined_where_infinite(lse):
 
 def _window_sides(window_size):
     """(left, right) as ints; a side wider than any sequence (even past int64) bounds nothing."""
-    return tuple(min(int(side), 2**62) for side in window_size)
+    return tuple(min(int(side), WIDEST_WINDOW) for side in window_size)
 
 
 # The FP8 forward's probability scale: kFp8ProbabilityScale in csrc/common/fp8.h, which the kernel

@@ -1,9 +1,12 @@
 """Writes kernel_launchers.h: one typed C++ launcher per kernel, derived from its spec.
 
-For each kernel the header declares, inside `fattn::kernels::<kernel>`:
-- `Args`: the runtime parameters in the kernel's order, typed (pointers, int64 integers,
-  double floats), each a runtime::Required<T> (no default constructor). Ops fill it with
-  C++20 designated initializers: a misspelt, misordered or missing name does not compile.
+The header declares, inside `fattn::kernels`, one struct per argument group the kernels
+share (triton_src/arguments.py): its parameters, typed (pointers, int64 integers, double floats),
+each a runtime::Required<T> (no default constructor). csrc/attention/kernel_args.h has one
+builder per group. Then, for each kernel, inside `fattn::kernels::<kernel>`:
+- `Args`: the kernel's runtime parameters in its order, its own ones typed as the groups' are and
+  each shared group as one member named after it. Ops fill it with C++20 designated
+  initializers: a misspelt, misordered or missing name does not compile.
 - `Flags`: the kernel's variant flags from configs.json (PAD_D and BLOCK_D excluded: the
   chooser derives them from head_dim), also Required, and `flags_key`, their packing as the
   table stores it.
@@ -16,6 +19,10 @@ same `flags_key` below, so the two cannot disagree.
 """
 
 from __future__ import annotations
+
+import textwrap
+
+from triton_src.spec import Group
 
 FLAG_BITS = 8  # one byte per flag value in a table key
 DERIVED_FLAGS = ("PAD_D",)  # chosen from head_dim, not by the op
@@ -46,8 +53,23 @@ def kernel_ids(config: dict) -> list[str]:
     return list(config["kernels"])
 
 
+def _field(p, indent: str) -> str:
+    return f"{indent}{_REQUIRED.format(_FIELD_TYPES[p.type])} {p.name};"
+
+
+def _group_struct(group) -> list[str]:
+    return [
+        *[f"// {line}" for line in textwrap.wrap(f"{group.name}: {group.doc}", 100)],
+        f"struct {group.struct} {{",
+        *[_field(p, "  ") for p in group.params],
+        "};",
+        "",
+    ]
+
+
 def _struct(kernel: str, kernel_id: int, spec, kernel_cfg: dict, constant_names: list[str]) -> list[str]:
-    fields = [f"    {_REQUIRED.format(_FIELD_TYPES[p.type])} {p.name};" for p in spec.params]
+    fields = [f"    {item.struct} {item.name};" if isinstance(item, Group) else _field(item, "    ")
+              for item in spec.items]
     op_flags = [n for n in flag_names(kernel_cfg) if n not in DERIVED_FLAGS]
     key_terms = [f"(uint64_t(f.{n}.value) << {FLAG_BITS * i})" for i, n in enumerate(op_flags)]
     pad_shift = FLAG_BITS * len(op_flags)
@@ -71,19 +93,30 @@ def _struct(kernel: str, kernel_id: int, spec, kernel_cfg: dict, constant_names:
     return lines
 
 
+def _paths(spec) -> list[tuple[object, str]]:
+    """(param, its C++ path in Args) in the kernel's order: `a.name` or `a.group.name`."""
+    out = []
+    for item in spec.items:
+        if isinstance(item, Group):
+            out += [(p, f"a.{item.name}.{p.name}") for p in item.params]
+        else:
+            out.append((item, f"a.{item.name}"))
+    return out
+
+
 def _launch_fn(kernel: str, spec) -> list[str]:
     locals_, slots = [], []
-    for p in spec.params:
+    for p, path in _paths(spec):
         if p.type == "i32":
-            locals_.append(f"  const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", a.{p.name}.value);")
+            locals_.append(f"  const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", {path}.value);")
             slots.append(f"const_cast<int32_t*>(&{p.name})")
         elif p.type == "fp32":
-            locals_.append(f"  const float {p.name} = static_cast<float>(a.{p.name}.value);")
+            locals_.append(f"  const float {p.name} = static_cast<float>({path}.value);")
             slots.append(f"const_cast<float*>(&{p.name})")
         elif p.type == "i64":
-            slots.append(f"const_cast<int64_t*>(&a.{p.name}.value)")
+            slots.append(f"const_cast<int64_t*>(&{path}.value)")
         else:
-            slots.append(f"const_cast<void**>(&a.{p.name}.value)")
+            slots.append(f"const_cast<void**>(&{path}.value)")
     return [
         f"inline void launch_{kernel}(const runtime::Variant<{kernel}>& v, runtime::Grid grid, const {kernel}::Args& a) {{",
         *locals_,
@@ -115,6 +148,8 @@ def header(config: dict, specs: dict, constants_by_kernel: dict[str, list[str]])
         f"constexpr int kNumKernels = {len(ids)};",
         "",
     ]
+    for g in sorted({g for kernel in ids for g in specs[kernel].groups}, key=lambda g: g.rank):
+        lines += _group_struct(g)
     for i, kernel in enumerate(ids):
         lines += _struct(kernel, i, specs[kernel], config["kernels"][kernel], constants_by_kernel[kernel])
     for kernel in ids:

@@ -39,12 +39,50 @@ def header():
     return emit._launchers_h(grid.load_config())
 
 
+def _struct_fields(header: str, struct: str) -> list[str]:
+    body = header[header.index(f"struct {struct} {{"):]
+    return re.findall(r"\s(\w+);", body[:body.index("};")])
+
+
 def test_launcher_args_follow_each_spec_in_order(header):
     for name, spec in KERNELS.items():
         body = header[header.index(f"struct {name} {{"):]
         args = body[body.index("struct Args {"):body.index("};")]
         fields = re.findall(r"\s(\w+);", args)
-        assert fields == [p.name for p in spec.params], name
+        assert fields == [item.name for item in spec.items], name
+        for g in spec.groups:
+            assert _struct_fields(header, g.struct) == [p.name for p in g.params], g.name
+        # The launch hands cuLaunchKernel every parameter in the kernel's order, groups unfolded.
+        launch = header[header.index(f"inline void launch_{name}("):]
+        launch = launch[:launch.index("\n}")]
+        slots = [path.removesuffix(".value").split(".")[-1] for path in re.findall(r"\(&([\w.]+)\)", launch)]
+        assert slots == [p.name for p in spec.params], name
+
+
+def test_attention_kernels_take_the_shared_groups():
+    # What the forward and both backward passes read alike is one group each, not a copy per kernel.
+    from triton_src import arguments
+
+    shared = {arguments.SEQUENCES, arguments.SHAPE, arguments.WINDOW, arguments.ALIBI, arguments.SEGMENTS,
+              arguments.SCORES, arguments.BIAS, arguments.DROPOUT}
+    for name in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
+        assert shared <= set(KERNELS[name].groups), name
+    assert {arguments.WINDOW, arguments.SCORES, arguments.SINKS} <= set(KERNELS["attn_decode_split"].groups)
+
+
+def test_groups_taken_out_of_the_agreed_order_or_twice_are_rejected():
+    from triton_src import arguments
+    from triton_src.spec import f32_tensor, strides
+
+    spec = KERNELS["attn_fwd"]
+    own = [p for p in spec.items if not hasattr(p, "rank")]
+    groups = list(spec.groups)
+    swapped = groups[:2] + [groups[3], groups[2]] + groups[4:]
+    with pytest.raises(TypeError, match=r"the agreed order is \[.*'window', 'alibi'"):
+        KernelSpec(attn_fwd, own + swapped)
+    with pytest.raises(TypeError, match=r"\['stride_lseb', 'stride_lseh'\] named twice"):
+        KernelSpec(attn_fwd, own + [*strides("lse", "bh", aligned=False)] + groups)
+    assert arguments.WINDOW.struct == "WindowArgs" and f32_tensor("Lse").is_pointer
 
 
 def test_table_flag_keys_match_the_launchers_packing(header):
@@ -81,6 +119,24 @@ def _compile_against(tmp_path, header, source):
     src.write_text(source)
     return subprocess.run([cxx, "-std=c++20", f"-I{tmp_path}", f"-I{ROOT / 'csrc'}", "-c", str(src), "-o",
                            str(tmp_path / "call.o")], capture_output=True, text=True)
+
+
+FORWARD_CALL = """
+#include "kernel_launchers.h"
+void call(const fattn::runtime::Variant<fattn::kernels::attn_fwd>& v, fattn::kernels::attn_fwd::Args a) {
+  fattn::kernels::attn_fwd::Args b{%s};
+  fattn::kernels::launch_attn_fwd(v, {1, 1, 1}, b);
+}
+"""
+
+
+@pytest.mark.parametrize("fill, ok", [
+    ("a", True),
+    ("a.Q, a.K", False),  # the rest left out: every own argument and group is Required
+])
+def test_a_group_cannot_be_left_out(tmp_path, header, fill, ok):
+    run = _compile_against(tmp_path, header, FORWARD_CALL % fill)
+    assert (run.returncode == 0) == ok, run.stderr
 
 
 @pytest.mark.parametrize("tail, error", [

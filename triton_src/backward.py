@@ -28,9 +28,8 @@ from .common import (
     modified_scores, segment_ids, segment_span, sequence_span, tile_at, tile_loop_bounds, visible_key_range,
     visible_query_range,
 )
-from .spec import (
-    KernelSpec, Param, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view,
-)
+from .arguments import ALIBI, BIAS, DROPOUT, SCORES, SEGMENTS, SEQUENCES, SHAPE, WINDOW
+from .spec import KernelSpec, Param, f32, f32_tensor, i32, index_tensor, strides, tensor
 
 @triton.jit
 def attn_bwd_preprocess(
@@ -360,16 +359,9 @@ def attn_bwd_dq(
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 
 
-_PACKING = [*strides("lse", "bh", aligned=False), index_tensor("CuSeqlensQ"), index_tensor("CuSeqlensK"),
-            index_tensor("SequsedK"), i32("use_cu_seqlens"), i32("use_seqused_k")]
-_SHAPE = [i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
-          i32("window_left"), i32("window_right"),
-          slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"), i32("alibi_offset"),
-          index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
-          i32("use_segments"), index_tensor("SegmentSpans"), i64("stride_spanb"),
-          f32("qk_scale"), f32("softcap_log2"), f32("softmax_scale"),
-          view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
-          seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale")]
+# What both backward passes take after their tensors, as the forward took it; softmax_scale
+# (the scale alone, for the gradients' chain rule) is theirs.
+_SHARED = [SEQUENCES, SHAPE, WINDOW, ALIBI, SEGMENTS, SCORES, f32("softmax_scale"), BIAS, DROPOUT]
 
 ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
     tensor("Out"), tensor("DO"), f32_tensor("DLse"), f32_tensor("Delta"), *strides("o"), *strides("do"),
@@ -379,11 +371,13 @@ ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
 ATTN_BWD_DKDV = KernelSpec(attn_bwd_dkdv, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"),
     tensor("DK"), tensor("DV"),
-    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"), *_PACKING, *_SHAPE,
+    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"),
+    *strides("lse", "bh", aligned=False), *_SHARED,
     Param("DBias", "*fp32"), *strides("dbias", "bhq", aligned=False), i32("write_dbias"),
     f32_tensor("DQAccum"), *strides("dqa"),
 ])
 ATTN_BWD_DQ = KernelSpec(attn_bwd_dq, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ"),
-    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dq"), *_PACKING, *_SHAPE,
+    *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dq"), *strides("lse", "bh", aligned=False),
+    *_SHARED,
 ])

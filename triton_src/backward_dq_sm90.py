@@ -283,5 +283,5 @@ def attn_bwd_dq_sm90(
 
 
 # attn_bwd_dq's contract: its parameters (the spec checks the function against them) and constexprs.
-ATTN_BWD_DQ_SM90 = KernelSpec(attn_bwd_dq_sm90, ATTN_BWD_DQ.params)
+ATTN_BWD_DQ_SM90 = KernelSpec(attn_bwd_dq_sm90, ATTN_BWD_DQ.items)
 assert ATTN_BWD_DQ_SM90.constexprs == ATTN_BWD_DQ.constexprs, "attn_bwd_dq_sm90 must take attn_bwd_dq's constexprs"

@@ -754,6 +754,6 @@ def attn_bwd_dkdv_sm90(
 
 
 # attn_bwd_dkdv's contract: its parameters (the spec checks the function against them) and constexprs.
-ATTN_BWD_DKDV_SM90 = KernelSpec(attn_bwd_dkdv_sm90, ATTN_BWD_DKDV.params)
+ATTN_BWD_DKDV_SM90 = KernelSpec(attn_bwd_dkdv_sm90, ATTN_BWD_DKDV.items)
 assert ATTN_BWD_DKDV_SM90.constexprs == ATTN_BWD_DKDV.constexprs, \
     "attn_bwd_dkdv_sm90 must take attn_bwd_dkdv's constexprs"

@@ -39,7 +39,8 @@ from .common import (
     LOG2E, initial_softmax_state, merge_finish, merge_rescale, softcap_tanh, softmax_finish, softmax_step,
 )
 from .fp8 import to_fp8
-from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor, view
+from .arguments import CACHE_DESCALES, SCORES, SINKS, WINDOW
+from .spec import KernelSpec, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor, view
 
 
 @triton.jit
@@ -578,10 +579,6 @@ def attn_decode_merge(
 
 # An FP8 cache's descale factors (float32 [batch, kv_heads] views, any strides), each with its
 # use_ flag (0: none given, the factor is 1, the pointer a placeholder never read).
-DESCALES = [
-    slopes_tensor("KDescale"), *strides("kd", "bh", aligned=False), i32("use_k_descale"),
-    slopes_tensor("VDescale"), *strides("vd", "bh", aligned=False), i32("use_v_descale"),
-]
 KV_APPEND = KernelSpec(kv_append, [
     tensor("KNew"), tensor("VNew"), tensor("KCache"), tensor("VCache"),
     index_tensor("CacheSeqlens"), index_tensor("BlockTable"), index_tensor("CacheBatchIdx"),
@@ -589,7 +586,7 @@ KV_APPEND = KernelSpec(kv_append, [
     *strides("nk"), *strides("nv"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
     i32("page_size"), i32("capacity"), i32("head_dim", multiple_of=8), i32("use_batch_idx"),
     i64("stride_ro"), i32("seqlen_ro"), i32("rotary_dim"), i32("rotary_interleaved"),
-    *DESCALES,
+    CACHE_DESCALES,
 ])
 ROTATE_QUERIES = KernelSpec(rotate_queries, [
     tensor("Q"), tensor("QRot"), index_tensor("CacheSeqlens"), view("RotaryCos"), view("RotarySin"),
@@ -602,11 +599,10 @@ ATTN_DECODE_SPLIT = KernelSpec(attn_decode_split, [
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),
     *strides("q"), *strides("k"), *strides("v"), *strides("t", "b", aligned=False),
     i32("seqlen_q"), i32("num_heads"), i32("kv_group_size"), i32("head_dim", multiple_of=8), i32("seqlen_new"),
-    i32("capacity"), i32("page_size"), i32("num_splits"), i32("window_left"), i32("window_right"),
+    i32("capacity"), i32("page_size"), i32("num_splits"), WINDOW,
+    # ALiBi's slopes without the attention kernels' alibi_offset: decode takes none.
     slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"),
-    f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
-    i32("use_batch_idx"), i32("use_leftpad"),
-    *DESCALES,
+    SCORES, SINKS, i32("use_batch_idx"), i32("use_leftpad"), CACHE_DESCALES,
 ])
 ATTN_DECODE_MERGE = KernelSpec(attn_decode_merge, [
     f32_tensor("PartOut"), f32_tensor("PartLse"), tensor("Out"), f32_tensor("Lse"),

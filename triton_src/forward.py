@@ -34,8 +34,9 @@ from .common import (
     modified_scores, segment_ids, segment_span, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
     visible_key_range,
 )
-from .fp8 import descale_at, fp8_pointer, fp8_probabilities, fp8_v_row_stride
-from .spec import KernelSpec, f32, f32_tensor, i32, i64, index_tensor, seed_tensor, slopes_tensor, strides, tensor, view
+from .arguments import ALIBI, BIAS, DROPOUT, FP8_INPUTS, SCORES, SEGMENTS, SEQUENCES, SHAPE, SINKS, WINDOW
+from .fp8 import descale_at, fp8_pointer, fp8_probabilities
+from .spec import KernelSpec, f32_tensor, strides, tensor
 
 
 @triton.jit
@@ -278,17 +279,5 @@ def attn_fwd(
 ATTN_FWD = KernelSpec(attn_fwd, [
     tensor("Q"), tensor("K"), tensor("V"), tensor("Out"), f32_tensor("Lse"),
     *strides("q"), *strides("k"), *strides("v"), *strides("o"), *strides("lse", "bh", aligned=False),
-    index_tensor("CuSeqlensQ"), index_tensor("CuSeqlensK"), index_tensor("SequsedK"), i32("use_cu_seqlens"),
-    i32("use_seqused_k"),
-    i32("seqlen_q"), i32("seqlen_k"), i32("kv_group_size"), i32("head_dim", multiple_of=8),
-    i32("window_left"), i32("window_right"),
-    slopes_tensor("Alibi"), *strides("alibi", "bh", aligned=False), i32("use_alibi"), i32("alibi_offset"),
-    index_tensor("QSegmentIds"), index_tensor("KvSegmentIds"), i64("stride_qsegb"), i64("stride_kvsegb"),
-    i32("use_segments"), index_tensor("SegmentSpans"), i64("stride_spanb"),
-    f32("qk_scale"), f32("softcap_log2"), slopes_tensor("Sinks"), i32("use_sinks"),
-    view("Bias"), *strides("bias", "bhq", aligned=False), i32("use_bias"),
-    seed_tensor("DropoutSeed"), i32("dropout_threshold"), f32("dropout_scale"),
-    slopes_tensor("QDescale"), slopes_tensor("KDescale"), slopes_tensor("VDescale"),
-    *strides("qdescale", "bh", aligned=False), *strides("kdescale", "bh", aligned=False),
-    *strides("vdescale", "bh", aligned=False), i32("q_descale_group"), f32("p_scale"), fp8_v_row_stride("stride_vd"),
+    SEQUENCES, SHAPE, WINDOW, ALIBI, SEGMENTS, SCORES, SINKS, BIAS, DROPOUT, FP8_INPUTS,
 ])

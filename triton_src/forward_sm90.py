@@ -783,5 +783,5 @@ def attn_fwd_sm90(
 
 
 # attn_fwd's contract: its parameters (the spec checks the function against them) and constexprs.
-ATTN_FWD_SM90 = KernelSpec(attn_fwd_sm90, ATTN_FWD.params, loops_over_tiles=True)
+ATTN_FWD_SM90 = KernelSpec(attn_fwd_sm90, ATTN_FWD.items, loops_over_tiles=True)
 assert ATTN_FWD_SM90.constexprs == ATTN_FWD.constexprs, "attn_fwd_sm90 must take attn_fwd's constexprs"

@@ -1,13 +1,16 @@
 """Kernel specs: each kernel's runtime signature, declared once beside the kernel.
 
 A spec lists the kernel's non-constexpr parameters in order with their types and the
-alignment promises the C++ ops keep. Everything else is derived from it:
+alignment promises the C++ ops keep: the kernel's own parameters, and the argument groups
+that several kernels share (triton_src/arguments.py: the window, the score scales, the bias...),
+each defined once. Everything else is derived from it:
 
 - aot_build's Triton signature and divisibility attributes (aot_build/signatures.py);
-- the generated C++ launcher: one typed argument struct per kernel, filled by the op
-  with designated initializers, so a missing, misspelt or misordered argument fails the
-  C++ build (aot_build/launchers.py);
-- `KernelSpec.launch`, the Python launch used by the tune scripts and the interpreter test.
+- the generated C++ launcher: one typed struct per shared group, filled by one builder in
+  csrc/attention/kernel_args.h, and one argument struct per kernel holding its own
+  parameters and its groups, filled by the op with designated initializers, so a missing,
+  misspelt or misordered argument fails the C++ build (aot_build/launchers.py);
+- `KernelSpec.launch`, the Python launch used by the tuners and the interpreter tests.
 
 Types: "*T" is a pointer to the variant's element type (fp16/bf16/fp32), "*fp32", "*i32"
 and "*i64" are fixed pointers, "i32", "i64", "fp32" scalars. `divisible_by` is a promise:
@@ -89,10 +92,41 @@ def f32(name: str) -> Param:
     return Param(name, "fp32")
 
 
+@dataclass(frozen=True)
+class Group:
+    """A run of runtime parameters that several kernels take alike, in this order, and one C++
+    builder fills for all of them: the struct `kernels::<Name>Args`, each kernel argument struct's
+    member `<name>`, filled by `<name>_args(...)` (csrc/attention/kernel_args.h)."""
+    name: str
+    params: tuple[Param, ...]
+    doc: str
+    rank: int  # its place in the one order every kernel takes its groups in: the order of definition
+
+    @property
+    def struct(self) -> str:
+        return "".join(part.capitalize() for part in self.name.split("_")) + "Args"
+
+
+_defined_groups: list[Group] = []
+
+
+def group(name: str, doc: str, *params: Param | list[Param]) -> Group:
+    """Defines a group; the groups' order of definition is the order kernels take them in."""
+    flat = [q for p in params for q in (p if isinstance(p, list) else [p])]
+    defined = Group(name, tuple(flat), doc, len(_defined_groups))
+    _defined_groups.append(defined)
+    return defined
+
+
+def defined_groups() -> tuple[Group, ...]:
+    """Every group defined so far, in the agreed order."""
+    return tuple(_defined_groups)
+
+
 class KernelSpec:
     """The runtime signature of one @triton.jit kernel, checked against the kernel itself."""
 
-    def __init__(self, kernel, params: list[Param], loops_over_tiles: bool = False):
+    def __init__(self, kernel, items: list[Param | Group], loops_over_tiles: bool = False):
         """loops_over_tiles: each program loops over tiles of the grid's first axis (program x
         runs some of tiles x, x + gx, ...; the kernel's docstring says which), so a launch may
         give that axis fewer programs than tiles, down to one. Such a kernel takes the family's
@@ -101,7 +135,18 @@ class KernelSpec:
         grid by it (csrc/attention/query_tile_programs.h), and the Python launch passes it."""
         self.kernel = kernel
         self.name: str = kernel.fn.__name__
-        self.params: tuple[Param, ...] = tuple(params)
+        self.items: tuple[Param | Group, ...] = tuple(items)
+        self.params: tuple[Param, ...] = tuple(
+            p for item in self.items for p in (item.params if isinstance(item, Group) else (item,)))
+        self.groups: tuple[Group, ...] = tuple(item for item in self.items if isinstance(item, Group))
+        names = [p.name for p in self.params] + [g.name for g in self.groups]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise TypeError(f"{self.name}: {repeated} named twice among its parameters and groups")
+        agreed = sorted(self.groups, key=lambda g: g.rank)
+        if agreed != list(self.groups):
+            raise TypeError(f"{self.name}: takes its argument groups in the order {[g.name for g in self.groups]}; "
+                            f"the agreed order is {[g.name for g in agreed]} (triton_src/arguments.py)")
         self.loops_over_tiles = loops_over_tiles
         arguments = _kernel_arguments(kernel)
         runtime = [name for name, is_constexpr in arguments if not is_constexpr]

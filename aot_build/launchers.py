@@ -1,8 +1,10 @@
 """Writes kernel_launchers.h: one typed C++ launcher per kernel, derived from its spec.
 
-The header declares, inside `fattn::kernels`, one struct per argument group the kernels
-share (triton_src/arguments.py): its parameters, typed (pointers, int64 integers, double floats),
-each a runtime::Required<T> (no default constructor). csrc/attention/kernel_args.h has one
+The header declares, inside `fattn::kernels`, the score-modifier variants
+(triton_src/variants.py) as `score_mod::Value`, an unscoped enum (kPlain, kSoftcapAlibi, ...)
+whose values convert to the int64_t of a Flags' SCORE_MOD; then one struct per argument group
+the kernels share (triton_src/arguments.py): its parameters, typed (pointers, int64 integers,
+double floats), each a runtime::Required<T> (no default constructor). csrc/attention/kernel_args.h has one
 builder per group. Then, for each kernel, inside `fattn::kernels::<kernel>`:
 - `Args`: the kernel's runtime parameters in its order, its own ones typed as the groups' are and
   each shared group as one member named after it. Ops fill it with C++20 designated
@@ -23,6 +25,7 @@ from __future__ import annotations
 import textwrap
 
 from triton_src.spec import Group
+from triton_src.variants import SCORE_MODS
 
 FLAG_BITS = 8  # one byte per flag value in a table key
 DERIVED_FLAGS = ("PAD_D",)  # chosen from head_dim, not by the op
@@ -65,6 +68,17 @@ def _group_struct(group) -> list[str]:
         "};",
         "",
     ]
+
+
+def _score_mod_enum() -> list[str]:
+    """triton_src/variants.py's table as C++: the values the ops pass as SCORE_MOD, by name."""
+    lines = ["// SCORE_MOD's values, the score-modifier variants (triton_src/variants.py says what each",
+             "// compiles). Unscoped, so that a value converts to the int64_t of a Flags' SCORE_MOD.",
+             "namespace score_mod {", "enum Value : int64_t {"]
+    for m in SCORE_MODS:
+        lines += [f"  // {line}" for line in textwrap.wrap(f"{m.name}: {m.doc}", 96)]
+        lines.append(f"  {m.cpp} = {m.value},")
+    return lines + ["};", "}  // namespace score_mod", ""]
 
 
 def _struct(kernel: str, kernel_id: int, spec, kernel_cfg: dict, constant_names: list[str]) -> list[str]:
@@ -147,6 +161,7 @@ def header(config: dict, specs: dict, constants_by_kernel: dict[str, list[str]])
         "",
         f"constexpr int kNumKernels = {len(ids)};",
         "",
+        *_score_mod_enum(),
     ]
     for g in sorted({g for kernel in ids for g in specs[kernel].groups}, key=lambda g: g.rank):
         lines += _group_struct(g)

@@ -23,26 +23,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import hopper_variants, kernels_launched  # noqa: E402
 
 CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel function, its constants)
-    "forward-d128": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
-    "forward-d64": (64, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 64, "SCORE_MOD": 0}),
+    "forward-d128": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": "plain"}),
+    "forward-d64": (64, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 64, "SCORE_MOD": "plain"}),
     # The split buckets: two head-dim pieces per tile on the same mbarriers.
-    "forward-d96": (96, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 96, "SCORE_MOD": 0}),
-    "forward-d192": (192, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 192, "SCORE_MOD": 0}),
+    "forward-d96": (96, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 96, "SCORE_MOD": "plain"}),
+    "forward-d192": (192, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 192, "SCORE_MOD": "plain"}),
     "backward-d64": (64, True, False, 0.0, "attn_bwd_dkdv_sm90",
-                     {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 1}),
+                     {"BLOCK_D": 64, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 1}),
     "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90",
-                                   {"BLOCK_D": 64, "SCORE_MOD": 0, "ACCUMULATE_DQ": 0}),
+                                   {"BLOCK_D": 64, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 0}),
     "backward-d96": (96, True, False, 0.0, "attn_bwd_dkdv_sm90",
-                     {"BLOCK_D": 96, "SCORE_MOD": 0, "ACCUMULATE_DQ": 0}),
+                     {"BLOCK_D": 96, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 0}),
     "backward-d128-softcap": (128, True, False, 30.0, "attn_bwd_dkdv_sm90",
-                              {"BLOCK_D": 128, "SCORE_MOD": 1, "ACCUMULATE_DQ": 1}),
-    "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": 0}),
-    "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 0}),
-    # A bias read by TMA (SCORE_MOD 4): its slots, the d bias staging tiles and dropout's mask
+                              {"BLOCK_D": 128, "SCORE_MOD": "softcap_alibi", "ACCUMULATE_DQ": 1}),
+    "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": "plain"}),
+    "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": "plain"}),
+    # A bias read by TMA (SCORE_MOD bias_tma): its slots, the d bias staging tiles and dropout's mask
     # (the dK/dV's through a layout conversion in shared memory).
-    "forward-d128-bias": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": 4}),
-    "backward-d128-bias": (128, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 128, "SCORE_MOD": 4}),
-    "dq-d128-bias": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": 4}),
+    "forward-d128-bias": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": "bias_tma"}),
+    "backward-d128-bias": (128, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 128, "SCORE_MOD": "bias_tma"}),
+    "dq-d128-bias": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": "bias_tma"}),
 }
 # The calls with a bias [1, heads, seqlen_q, seqlen_k] that needs its gradient, and dropout.
 BIAS = {"forward-d128-bias", "backward-d128-bias", "dq-d128-bias"}

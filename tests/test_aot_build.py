@@ -14,6 +14,11 @@ import pytest
 from aot_build import grid
 from aot_build.__main__ import build
 from aot_build.compiler import BuildError, compile_variant
+from triton_src.variants import score_mod_value
+
+# SCORE_MOD's values as the variants carry them (triton_src/variants.py names them).
+PLAIN, SOFTCAP_ALIBI, BIAS_DROPOUT, ALIBI_ONLY, BIAS_TMA = (
+    score_mod_value(name) for name in ("plain", "softcap_alibi", "bias_dropout", "alibi_only", "bias_tma"))
 
 pytestmark = pytest.mark.slow  # the slow tier (-m slow): compiles kernel grids
 
@@ -225,12 +230,12 @@ def test_flag_overrides_change_only_the_matching_variants():
     kcfg = config["kernels"]["attn_fwd"]
     kcfg["flag_overrides"] = []
     base = {(v.kernel, v.arch, v.dtype, v.constants): v for v in grid.expand(config, env)}
-    kcfg["flag_overrides"] = [{"flags": {"SCORE_MOD": 2}, "archs": [80], "buckets": [64],
+    kcfg["flag_overrides"] = [{"flags": {"SCORE_MOD": "bias_dropout"}, "archs": [80], "buckets": [64],
                                "set": {"num_stages": 1, "BLOCK_N": 32}}]
     changed = [v for v in grid.expand(config, env) if (v.kernel, v.arch, v.dtype, v.constants) not in base
                or base[(v.kernel, v.arch, v.dtype, v.constants)].num_stages != v.num_stages]
     assert changed and all(v.kernel == "attn_fwd" and v.arch == 80 and v.constant_dict["BLOCK_D"] == 64
-                           and v.constant_dict["SCORE_MOD"] == 2 and v.num_stages == 1
+                           and v.constant_dict["SCORE_MOD"] == BIAS_DROPOUT and v.num_stages == 1
                            and v.constant_dict["BLOCK_N"] == 32 for v in changed)
     assert len(changed) == 2  # fp16/bf16 (attn_fwd builds its padded code only)
     kcfg["flag_overrides"] = [{"flags": {"NO_SUCH_FLAG": True}, "set": {"num_stages": 1}}]
@@ -348,9 +353,9 @@ def test_tile_loop_variants_are_exactly_the_looping_kernels():
         return {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["FP8"], v.dtype)
                 for v in variants if v.arch == 90 and v.constant_dict["TILE_LOOP"] == loop}
     # FP8 inputs have both at d128 and d256 (with a softcap too: the looping kernel's FP8 variants
-    # cover SCORE_MOD 1 where attn_fwd's do; attn_fwd takes the rows TMA cannot read).
-    assert on_sm90(True) & on_sm90(False) == {(d, 0, 0, dtype) for d in (64, 128) for dtype in ("fp16", "bf16")} | {
-        (d, mod, fp8, "bf16") for d in (128, 256) for mod in (0, 1) for fp8 in (1, 2)}
+    # cover SCORE_MOD softcap_alibi where attn_fwd's do; attn_fwd takes the rows TMA cannot read).
+    assert on_sm90(True) & on_sm90(False) == {(d, PLAIN, 0, dtype) for d in (64, 128) for dtype in ("fp16", "bf16")} | {
+        (d, mod, fp8, "bf16") for d in (128, 256) for mod in (PLAIN, SOFTCAP_ALIBI) for fp8 in (1, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -411,21 +416,22 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
 
 def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
-    # sm_90, buckets 128 and 256 with SCORE_MOD 0, 1, 3 (ALiBi alone) and 4 (a bias read by TMA)
-    # and bucket 64 with SCORE_MOD 0, TILE_LOOP, with its own tiles; every other attn_fwd variant
+    # sm_90, buckets 128 and 256 with SCORE_MOD plain, softcap_alibi, alibi_only and bias_tma (a bias read by TMA)
+    # and bucket 64 with SCORE_MOD plain, TILE_LOOP, with its own tiles; every other attn_fwd variant
     # is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     every = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
-    # FP8 inputs: the Hopper kernel at d128 and d256 (SCORE_MOD 0 and 1), e4m3 and e5m2, the
+    # FP8 inputs: the Hopper kernel at d128 and d256 (SCORE_MOD plain and softcap_alibi), e4m3 and e5m2, the
     # variant's dtype being the bf16 output.
     fp8_hopper = {(v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["FP8"], v.dtype)
                   for v in every if v.implementation and v.constant_dict["FP8"]}
-    assert fp8_hopper == {(d, mod, fp8, "bf16") for d in (128, 256) for mod in (0, 1) for fp8 in (1, 2)}
+    assert fp8_hopper == {(d, mod, fp8, "bf16") for d in (128, 256) for mod in (PLAIN, SOFTCAP_ALIBI) for fp8 in (1, 2)}
     variants = [v for v in every if not v.constant_dict["FP8"]]
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["TILE_LOOP"], v.dtype)
-            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256) for mod in (0, 1, 3, 4)
-                                 for dtype in ("fp16", "bf16") if d > 64 or mod == 0}
+            for v in hopper} == {(90, d, mod, True, dtype) for d in (64, 128, 256)
+                                 for mod in (PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY, BIAS_TMA)
+                                 for dtype in ("fp16", "bf16") if d > 64 or mod == PLAIN}
     assert all(v.implementation == "attn_fwd_sm90" and v.source == "triton_src.forward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"]) for v in hopper} == {
         64: (192, 128), 128: (128, 128), 256: (128, 64)}
@@ -443,7 +449,7 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
 def test_the_hopper_dkdv_serves_only_its_measured_variants():
     # attn_bwd_dkdv_sm90 (Gluon) replaces attn_bwd_dkdv on sm_90 for the 64, 96 and 128 buckets
     # without score modifications, for softcap/ALiBi at 64 and 96 (at 128 its consumers spill, but
-    # for ALiBi alone, SCORE_MOD 3), for a bias read by TMA (SCORE_MOD 4) from 64 to 128,
+    # for ALiBi alone, SCORE_MOD alibi_only), for a bias read by TMA (SCORE_MOD bias_tma) from 64 to 128,
     # and in its wide-head form for both at 256; 128 keys per program up to d128, 64 at d256, so
     # the op's grid (seqlen_k / BLOCK_N) follows the variant's tile. The 96 bucket is the Hopper
     # kernel's alone: sm_80 builds none.
@@ -452,9 +458,10 @@ def test_the_hopper_dkdv_serves_only_its_measured_variants():
     hopper = [v for v in variants if v.implementation]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype)
             for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (64, 3), (64, 4), (96, 0), (96, 1), (96, 3), (96, 4),
-                                           (128, 0), (128, 3), (128, 4), (256, 0), (256, 1))
-        for dtype in ("fp16", "bf16")}
+        (90, d, mod, dtype) for d, mods in ((64, (PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY, BIAS_TMA)),
+                                            (96, (PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY, BIAS_TMA)),
+                                            (128, (PLAIN, ALIBI_ONLY, BIAS_TMA)), (256, (PLAIN, SOFTCAP_ALIBI)))
+        for mod in mods for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" and v.source == "triton_src.backward_sm90" for v in hopper)
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"], v.num_warps)
             for v in hopper if not v.constant_dict["ACCUMULATE_DQ"]} == {64: (64, 128, 4), 96: (64, 128, 4),
@@ -464,25 +471,26 @@ def test_the_hopper_dkdv_serves_only_its_measured_variants():
 
 
 def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
-    # deterministic=False's dQ inside the dK/dV pass: the Hopper kernel at d64 with SCORE_MOD 0/1
-    # (its 128-key form) and at d128 with SCORE_MOD 1 (the wide-head form: 64-key tiles); every
+    # deterministic=False's dQ inside the dK/dV pass: the Hopper kernel at d64 with SCORE_MOD plain and softcap_alibi
+    # (its 128-key form) and at d128 with SCORE_MOD softcap_alibi (the wide-head form: 64-key tiles); every
     # other variant has ACCUMULATE_DQ off, and the op falls back to it (choose_or), then launches
     # attn_bwd_dq.
     env = {"FATTN_CUDA_ARCHS": "all", "FATTN_HEAD_DIMS": "all"}
     variants = [v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dkdv"]
     accumulating = [v for v in variants if v.constant_dict["ACCUMULATE_DQ"]]
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.dtype) for v in accumulating} == {
-        (90, d, mod, dtype) for d, mod in ((64, 0), (64, 1), (64, 3), (128, 1)) for dtype in ("fp16", "bf16")}
+        (90, d, mod, dtype) for d, mod in ((64, PLAIN), (64, SOFTCAP_ALIBI), (64, ALIBI_ONLY), (128, SOFTCAP_ALIBI))
+        for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" for v in accumulating)
     assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in accumulating} == {64: 128, 128: 64}
     without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
     # Every arch but sm_89 (sm_86's serve it: configs.json served_by), dtype, power-of-two bucket
-    # and SCORE_MOD 0-2, sm_90's 96 bucket for SCORE_MOD 0 and 1, and its 64, 96 and 128 buckets for
-    # SCORE_MOD 3 (ALiBi without a softcap) and 4 (a bias read by TMA).
+    # and SCORE_MOD plain, softcap_alibi and bias_dropout, sm_90's 96 bucket for SCORE_MOD plain and softcap_alibi, and its 64, 96 and 128 buckets for
+    # SCORE_MOD alibi_only (ALiBi without a softcap) and bias_tma (a bias read by TMA).
     assert len(without) == len(variants) - len(accumulating) == 4 * 2 * 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["BLOCK_N"], v.implementation) for v in variants
-            if v.constant_dict["SCORE_MOD"] == 3} == {(90, d, 128, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)}
+            if v.constant_dict["SCORE_MOD"] == ALIBI_ONLY} == {(90, d, 128, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)}
 
 
 def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
@@ -494,7 +502,7 @@ def test_dq_accumulation_compiles_to_bulk_tensor_reductions(tmp_path):
     # warpgroup's dS^T); four Q/dO slots (16 KB each at d64) put the shared memory past 160 KB.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "64"})
                    if v.kernel == "attn_bwd_dkdv" and v.constant_dict["ACCUMULATE_DQ"] and v.dtype == "bf16"
-                   and v.constant_dict["SCORE_MOD"] == 0)
+                   and v.constant_dict["SCORE_MOD"] == PLAIN)
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
     assert artifact.meta["name"] == "attn_bwd_dkdv_sm90" and artifact.meta["num_warps"] == 12
     assert artifact.ptx.count("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") == 4
@@ -512,7 +520,7 @@ def test_dq_accumulation_in_the_wide_head_form_compiles(tmp_path):
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
                    if v.kernel == "attn_bwd_dkdv" and v.constant_dict["ACCUMULATE_DQ"] and v.dtype == "bf16")
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
-    assert variant.constant_dict["BLOCK_N"] == 64 and variant.constant_dict["SCORE_MOD"] == 1
+    assert variant.constant_dict["BLOCK_N"] == 64 and variant.constant_dict["SCORE_MOD"] == SOFTCAP_ALIBI
     assert artifact.ptx.count("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") == 4
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert artifact.meta["shared"] <= 232448
@@ -525,7 +533,7 @@ def test_the_hopper_dkdv_96_bucket_runs_its_products_on_two_head_dim_pieces(tmp_
     # product): 40 of n64 and 16 of n32 in the two consumers, none as wide as the 128 bucket's n128.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "96"})
                    if v.kernel == "attn_bwd_dkdv" and v.constant_dict["BLOCK_D"] == 96 and v.dtype == "bf16"
-                   and v.constant_dict["SCORE_MOD"] == 0)
+                   and v.constant_dict["SCORE_MOD"] == PLAIN)
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
     assert artifact.meta["name"] == "attn_bwd_dkdv_sm90"
     assert artifact.ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 40
@@ -535,13 +543,13 @@ def test_the_hopper_dkdv_96_bucket_runs_its_products_on_two_head_dim_pieces(tmp_
 
 
 def test_alibi_alone_compiles_without_the_softcap(tmp_path):
-    # SCORE_MOD 3 (ALiBi without a softcap), built for the Hopper dK/dV from d64 to d128, the
+    # SCORE_MOD alibi_only (ALiBi without a softcap), built for the Hopper dK/dV from d64 to d128, the
     # Hopper dQ at d128 and the Hopper forward from d96 on: the softcap's tanh.approx is gone
-    # (SCORE_MOD 1's dQ has one per score), ALiBi's distance stays (one abs.f32 per score), and the
+    # (SCORE_MOD softcap_alibi's dQ has one per score), ALiBi's distance stays (one abs.f32 per score), and the
     # d128 dK/dV variant is the 128-key form without dQ accumulation.
     env = {"FATTN_CUDA_ARCHS": "all", "FATTN_HEAD_DIMS": "all"}
     alibi = [v for v in grid.expand(env=env) if v.kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
-             and v.constant_dict["SCORE_MOD"] == 3]
+             and v.constant_dict["SCORE_MOD"] == ALIBI_ONLY]
     assert {(v.kernel, v.arch, v.constant_dict["BLOCK_D"], v.implementation) for v in alibi} == {
         ("attn_bwd_dq", 90, 128, "attn_bwd_dq_sm90"), *(("attn_bwd_dkdv", 90, d, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)),
         *(("attn_fwd", 90, d, "attn_fwd_sm90") for d in (96, 128, 192, 256))}
@@ -570,7 +578,7 @@ def test_the_hopper_dkdv_compiles_through_the_build(tmp_path):
     assert "setmaxnreg" in artifact.ptx and "cp.async.bulk.tensor.3d" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in artifact.ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in artifact.ptx
-    assert variant.constant_dict["SCORE_MOD"] == 0 and not variant.constant_dict["ACCUMULATE_DQ"]
+    assert variant.constant_dict["SCORE_MOD"] == PLAIN and not variant.constant_dict["ACCUMULATE_DQ"]
     assert "div.s32" not in artifact.ptx and "div.u32" not in artifact.ptx
 
 
@@ -597,7 +605,7 @@ def test_the_d256_dkdv_carries_its_tile_without_division(tmp_path):
     # tile) comes from the last one's, no integer division in the kernel.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "256"})
                    if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "bf16"
-                   and v.constant_dict["SCORE_MOD"] == 0)
+                   and v.constant_dict["SCORE_MOD"] == PLAIN)
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
     assert artifact.meta["name"] == "attn_bwd_dkdv_sm90" and variant.constant_dict["BLOCK_N"] == 64
     assert "div.s32" not in artifact.ptx and "div.u32" not in artifact.ptx
@@ -608,7 +616,7 @@ def test_the_wide_head_dkdv_fits_hopper_shared_memory(tmp_path):
     # (64 x 128), P^T and dS^T through shared memory; the whole kernel within sm_90's 227 KB.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "256"})
                    if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "fp16"
-                   and v.constant_dict["SCORE_MOD"] == 1)
+                   and v.constant_dict["SCORE_MOD"] == SOFTCAP_ALIBI)
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
     assert artifact.meta["name"] == "attn_bwd_dkdv_sm90" and artifact.meta["num_warps"] == 12
     assert 200 * 1024 < artifact.meta["shared"] <= 232448
@@ -635,7 +643,7 @@ def test_the_hopper_forward_compiles_through_the_build(tmp_path):
     # Gluon kernel, under attn_fwd's parameters; warp_specialize makes it 12 warps, and its TMA
     # descriptors live in Triton's global scratch, which the runtime allocates per launch.
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
-                   if v.implementation and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 1)
+                   if v.implementation and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == SOFTCAP_ALIBI)
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
     from triton_src import KERNELS
 
@@ -647,9 +655,9 @@ def test_the_hopper_forward_compiles_through_the_build(tmp_path):
 
 
 def test_the_hopper_forward_reads_a_bias_by_tma_and_draws_dropout_once_per_eight_scores(tmp_path):
-    # SCORE_MOD 4 (a bias that TMA can read, with dropout) at d128: the producer loads each key
+    # SCORE_MOD bias_tma (a bias that TMA can read, with dropout) at d128: the producer loads each key
     # tile's bias rows with more 2-D TMA loads, and the consumers read them from shared memory, so
-    # the kernel has SCORE_MOD 1's global loads and the dropout seed's alone (a load per score was
+    # the kernel has SCORE_MOD softcap_alibi's global loads and the dropout seed's alone (a load per score was
     # 3.4x slower). The dropout mask comes laid out as the score tile: one Philox call (20
     # mul.hi, fewer where constants fold) per 8 scores, 8 per thread for a 64 x 128 tile, in two
     # copies of the key loop (its first tile and the rest) per consumer warpgroup; a call per
@@ -657,7 +665,7 @@ def test_the_hopper_forward_reads_a_bias_by_tma_and_draws_dropout_once_per_eight
     variants = {v.constant_dict["SCORE_MOD"]: v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90",
                                                                            "FATTN_HEAD_DIMS": "128"})
                 if v.kernel == "attn_fwd" and v.implementation and v.dtype == "bf16" and not v.constant_dict["FP8"]}
-    bias, plain = (compile_variant(variants[m], shared_limit=232448, cache_dir=tmp_path) for m in (4, 1))
+    bias, plain = (compile_variant(variants[m], shared_limit=232448, cache_dir=tmp_path) for m in (BIAS_TMA, SOFTCAP_ALIBI))
     assert bias.meta["name"] == "attn_fwd_sm90" and bias.meta["shared"] <= 232448
     assert bias.ptx.count("ld.global") == plain.ptx.count("ld.global") + 1
     assert bias.ptx.count("cp.async.bulk.tensor.2d") > plain.ptx.count("cp.async.bulk.tensor.2d")
@@ -666,16 +674,16 @@ def test_the_hopper_forward_reads_a_bias_by_tma_and_draws_dropout_once_per_eight
 
 
 def test_the_hopper_backward_reads_a_bias_by_tma_and_writes_d_bias_by_tma(tmp_path):
-    # SCORE_MOD 4 in the Hopper dK/dV at d128: the producer loads each query tile's bias rows with
+    # SCORE_MOD bias_tma in the Hopper dK/dV at d128: the producer loads each query tile's bias rows with
     # its Q and dO (one more 3-D TMA load), each consumer writes dS^T as d bias by 3-D TMA stores
     # of 32 float32 columns (two per warpgroup and query tile), and no score is loaded or stored
-    # through a per-score global address: the global memory operations are SCORE_MOD 3's, plus
+    # through a per-score global address: the global memory operations are SCORE_MOD alibi_only's, plus
     # the dropout seed's load. The Hopper dQ at d128 reads the bias as the forward does.
     env = {"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"}
     dkdv = {v.constant_dict["SCORE_MOD"]: v for v in grid.expand(env=env)
             if v.kernel == "attn_bwd_dkdv" and v.implementation and v.dtype == "bf16"
             and not v.constant_dict["ACCUMULATE_DQ"]}
-    bias, alibi = (compile_variant(dkdv[m], shared_limit=232448, cache_dir=tmp_path) for m in (4, 3))
+    bias, alibi = (compile_variant(dkdv[m], shared_limit=232448, cache_dir=tmp_path) for m in (BIAS_TMA, ALIBI_ONLY))
     assert bias.meta["name"] == "attn_bwd_dkdv_sm90" and bias.meta["shared"] <= 232448
     load, store = "cp.async.bulk.tensor.3d.shared::cluster.global", "cp.async.bulk.tensor.3d.global.shared::cta"
     assert bias.ptx.count(load) == alibi.ptx.count(load) + 1
@@ -683,7 +691,7 @@ def test_the_hopper_backward_reads_a_bias_by_tma_and_writes_d_bias_by_tma(tmp_pa
     assert bias.ptx.count("ld.global") == alibi.ptx.count("ld.global") + 1
     assert bias.ptx.count("st.global") == alibi.ptx.count("st.global")
     dq = next(v for v in grid.expand(env=env) if v.kernel == "attn_bwd_dq" and v.implementation
-              and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 4)
+              and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == BIAS_TMA)
     assert "cp.async.bulk.tensor.2d" in compile_variant(dq, shared_limit=232448, cache_dir=tmp_path).ptx
 
 

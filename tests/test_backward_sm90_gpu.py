@@ -15,7 +15,7 @@ and stays bitwise reproducible. At d128 without score modifications dQ comes fro
 kernel (triton_src/backward_dq_sm90.py, attn_bwd_dq's sm_90 implementation) either way, and with a
 softcap or ALiBi under deterministic=True, so the d72 to d128 cases here check its TMA path too
 (query rows past the end, GQA, windows, padded head dims, row strides, empty packed sequences).
-A bias that TMA can read runs both kernels' SCORE_MOD 4 (d bias and dropout too), checked here
+A bias that TMA can read runs both kernels' SCORE_MOD bias_tma (d bias and dropout too), checked here
 with its gradients."""
 
 import pytest
@@ -66,7 +66,7 @@ def test_head_dims_up_to_96_run_the_96_bucket(head_dim, deterministic, softcap):
     # variant rather than to the 128 bucket. The two buckets' variants differ in shared memory,
     # which the profiler reports per launch.
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
-    score_mod = 1 if softcap else 0
+    score_mod = "softcap_alibi" if softcap else "plain"
     shared = launch_args(lambda: _backward(q, k, v, deterministic=deterministic, softcap=softcap),
                          "attn_bwd_dkdv_sm90", "shared memory")
     want = _dkdv_variant_shared({"BLOCK_D": 96, "SCORE_MOD": score_mod, "ACCUMULATE_DQ": 0})
@@ -101,9 +101,9 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
         "d256", "d128-alibi", "d128-alibi-softcap"])
 def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     # served_by: the kernel that computes dQ. A dQ kernel runs exactly when the dK/dV pass does
-    # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD 0/1 and d128 SCORE_MOD 1
-    # only; d65-d96 take the 96 bucket, which has none, and d128 ALiBi without a softcap its SCORE_MOD
-    # 3 variant, which has none); from d65 to d128 without bias or dropout it is the Hopper one
+    # not accumulate it (configs.json builds ACCUMULATE_DQ for d64 SCORE_MOD plain and
+    # softcap_alibi and d128 softcap_alibi only; d65-d96 take the 96 bucket, which has none, and
+    # d128 ALiBi without a softcap its alibi_only variant, which has none); from d65 to d128 without bias or dropout it is the Hopper one
     # (attn_bwd_dq_sm90).
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
     options = dict(options)
@@ -216,9 +216,9 @@ def test_windows_and_score_modifications(options, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("seqlen_q,seqlen_k,heads,kv_heads", [(1000, 1000, 8, 2), (333, 1000, 4, 4), (1000, 129, 8, 1)])
 def test_alibi_without_softcap_runs_its_own_variant(seqlen_q, seqlen_k, heads, kv_heads, head_dim):
-    # ALiBi without a softcap: the Hopper kernel's SCORE_MOD 3 variants (the 128-key form, its code
+    # ALiBi without a softcap: the Hopper kernel's SCORE_MOD alibi_only variants (the 128-key form, its code
     # without the softcap's; at d64 with dQ accumulated unless deterministic), where at d128
-    # SCORE_MOD 1 ran attn_bwd_dkdv (deterministic) or the wide-head form with dQ accumulated.
+    # softcap_alibi ran attn_bwd_dkdv (deterministic) or the wide-head form with dQ accumulated.
     # Gradients against float64 with ALiBi offsets from the diagonal (seqlen_q != seqlen_k),
     # windows and GQA.
     torch.manual_seed(seqlen_q + seqlen_k + heads + head_dim)
@@ -271,12 +271,12 @@ def _out_gradients(q, k, v, w, dtype):
 @pytest.mark.parametrize("what", ["bias bhqk", "bias 1hqk causal", "mask", "bias+dropout+alibi", "bias window",
                                   "bias rows unaligned", "bias+softcap"])
 def test_a_bias_runs_the_hopper_backward(head_dim, what):
-    # SCORE_MOD 4 (a bias that TMA can read, with dropout and ALiBi, no softcap) in the Hopper
+    # SCORE_MOD bias_tma (a bias that TMA can read, with dropout and ALiBi, no softcap) in the Hopper
     # dK/dV from d64 to d128 and the Hopper dQ at d128: the bias rows of each query tile come with
     # Q and dO, d bias leaves by TMA stores, dropout's mask is the forward's transposed.
     # seqlen_q != seqlen_k, GQA 8:2 (a bias per head, and a [1, h] one broadcast over the batch,
     # a mask broadcast over the heads), rows that see nothing. A bias whose rows are not 16-byte
-    # multiples (900 keys) and a softcap run SCORE_MOD 2 (attn_bwd_dkdv).
+    # multiples (900 keys) and a softcap run SCORE_MOD bias_dropout (attn_bwd_dkdv).
     torch.manual_seed(head_dim + len(what))
     b, sq, sk, h, hk = 2, 600, 900 if what == "bias rows unaligned" else 904, 8, 2
     dtype = torch.bfloat16

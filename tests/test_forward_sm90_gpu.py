@@ -1,7 +1,7 @@
 """The Hopper forward (triton_src/forward_sm90.py: the Gluon kernel configs.json builds as attn_fwd's
-sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets: SCORE_MOD 0, 1, 3 and 4 (a
-bias read by TMA), at 64 SCORE_MOD 0 for long queries only; 96 and 192 its alone, the head dim in
-two pieces) on a Hopper GPU
+sm_90 implementation for the 64, 96, 128, 192 and 256 head-dim buckets: SCORE_MOD plain,
+softcap_alibi, alibi_only and bias_tma (a bias read by TMA), at 64 plain for long queries only; 96
+and 192 its alone, the head dim in two pieces) on a Hopper GPU
 (skipped elsewhere, and where the build lacks it): which kernel serves which call, and the inputs
 only its TMA path meets (empty packed sequences, a query tile's second half past the end, row
 strides far from head_dim, padded head dims), against float64 with the 2x rule. The op-level
@@ -73,7 +73,7 @@ def test_short_d128_calls_follow_the_tuned_crossover(case):
 @pytest.mark.parametrize("head_dim", [96, 128, 200, 256])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(700, 700), (333, 1000), (1000, 129)])
 def test_alibi_without_softcap(head_dim, seqlen_q, seqlen_k):
-    # ALiBi alone runs the Hopper kernel's SCORE_MOD 3 variant (the softcap's code left out) from
+    # ALiBi alone runs the Hopper kernel's SCORE_MOD alibi_only variant (the softcap's code left out) from
     # d96 on; ALiBi's distances with seqlen_q != seqlen_k, [batch, heads] slopes, GQA, windows.
     torch.manual_seed(seqlen_q + head_dim)
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, "cuda")
@@ -88,7 +88,7 @@ def test_alibi_without_softcap(head_dim, seqlen_q, seqlen_k):
 
 @pytest.mark.parametrize("what", ["dropout at head_dim 64", "bias at head_dim 64", "head_dim 64", "head_dim 32"])
 def test_other_calls_stay_on_attn_fwd(what):
-    # Short d64 calls, and bias or dropout at d64 (SCORE_MOD 4 is built from d96 on), run attn_fwd.
+    # Short d64 calls, and bias or dropout at d64 (SCORE_MOD bias_tma is built from d96 on), run attn_fwd.
     d = 32 if what == "head_dim 32" else 64
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     p = 0.1 if what.startswith("dropout") else 0.0
@@ -105,11 +105,11 @@ def _dropout_seed(value):
 @pytest.mark.parametrize("what", ["bias bhqk", "mask", "dropout", "dropout+bias+softcap+alibi",
                                   "bias broadcast over queries", "bias rows unaligned"])
 def test_a_bias_runs_the_hopper_kernel(head_dim, what):
-    # SCORE_MOD 4 (a bias that TMA can read, with dropout, softcap and ALiBi) from d96 on:
+    # SCORE_MOD bias_tma (a bias that TMA can read, with dropout, softcap and ALiBi) from d96 on:
     # seqlen_q != seqlen_k, GQA, causal and windows; a boolean mask with a row that sees no key
     # (its out 0, lse -inf); dropout with the CPU's mask for the same seed. A bias broadcast over
     # the queries (row stride 0) or whose rows are not 16-byte multiples (900 keys), and dropout
-    # without a bias, run attn_fwd (SCORE_MOD 2).
+    # without a bias, run attn_fwd (SCORE_MOD bias_dropout).
     torch.manual_seed(head_dim + len(what))
     b, sq, sk, h, hk = 2, 900, 900 if what == "bias rows unaligned" else 904, 4, 2
     q, k, v = make_qkv(b, sq, sk, h, hk, head_dim, torch.bfloat16, "cuda")

@@ -15,6 +15,7 @@ from aot_build import emit, grid, launchers  # noqa: E402
 from triton_src import KERNELS  # noqa: E402
 from triton_src.forward import attn_fwd  # noqa: E402
 from triton_src.spec import KernelSpec, f32, i32, tensor  # noqa: E402
+from triton_src.variants import SCORE_MODS, score_mod_name, score_mod_value  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,10 +90,11 @@ def test_table_flag_keys_match_the_launchers_packing(header):
     # attn_fwd's flags_key packs SCORE_MOD in byte 0, TILE_LOOP in byte 1, FP8 in byte 2 and the
     # derived PAD_D after them.
     cfg = grid.load_config()["kernels"]["attn_fwd"]
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 1, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 0}) == 1
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 1, "FP8": 0, "PAD_D": 0}) == 256
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 0, "FP8": 2, "PAD_D": 0}) == 2 << 16
-    assert launchers.flags_key(cfg, {"SCORE_MOD": 0, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 1}) == 1 << 24
+    plain, alibi_only = score_mod_value("plain"), score_mod_value("alibi_only")
+    assert launchers.flags_key(cfg, {"SCORE_MOD": alibi_only, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 0}) == alibi_only
+    assert launchers.flags_key(cfg, {"SCORE_MOD": plain, "TILE_LOOP": 1, "FP8": 0, "PAD_D": 0}) == 256
+    assert launchers.flags_key(cfg, {"SCORE_MOD": plain, "TILE_LOOP": 0, "FP8": 2, "PAD_D": 0}) == 2 << 16
+    assert launchers.flags_key(cfg, {"SCORE_MOD": plain, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 1}) == 1 << 24
     assert ("(uint64_t(f.SCORE_MOD.value) << 0) | (uint64_t(f.TILE_LOOP.value) << 8) | (uint64_t(f.FP8.value) << 16) "
             "| (uint64_t(pad_d) << 24)") in header
 
@@ -158,8 +160,9 @@ uint64_t key() { return fattn::kernels::attn_fwd::flags_key(%s, false); }
 """
 
 
-@pytest.mark.parametrize("flags, ok", [("{.SCORE_MOD = 1, .TILE_LOOP = false, .FP8 = 0}", True),
-                                       ("{.SCORE_MOD = 1, .TILE_LOOP = false}", False), ("{}", False)])
+@pytest.mark.parametrize("flags, ok", [
+    ("{.SCORE_MOD = fattn::kernels::score_mod::kSoftcapAlibi, .TILE_LOOP = false, .FP8 = 0}", True),
+    ("{.SCORE_MOD = fattn::kernels::score_mod::kSoftcapAlibi, .TILE_LOOP = false}", False), ("{}", False)])
 def test_flags_cannot_be_left_out(tmp_path, header, flags, ok):
     run = _compile_against(tmp_path, header, FLAGS_CALL % flags)
     assert (run.returncode == 0) == ok, run.stderr
@@ -195,3 +198,30 @@ def test_the_python_launch_gives_fewer_programs_only_to_kernels_that_loop():
         launch.forward(q, q, q, tiles, spec=ATTN_FWD, programs=1)
     with pytest.raises(ValueError, match="attn_fwd_sm90 takes one or more"):
         launch.forward(q, q, q, tiles, spec=ATTN_FWD_SM90, programs=0)
+
+
+def test_score_mod_variants_are_named_in_one_table(header):
+    # triton_src/variants.py names SCORE_MOD's values; configs.json spells them by name, grid.py
+    # turns them into the kernels' integers, and the header gives C++ the same names.
+    assert [m.value for m in SCORE_MODS] == list(range(len(SCORE_MODS)))  # the table keys' values, unchanged
+    assert all(score_mod_name(score_mod_value(m.name)) == m.name for m in SCORE_MODS)
+    for m in SCORE_MODS:
+        assert f"  {m.cpp} = {m.value}," in header, m.cpp
+    assert "namespace score_mod {\nenum Value : int64_t {" in header
+    config = grid.load_config()
+    assert config["kernels"]["attn_fwd"]["flags"]["SCORE_MOD"] == [m.name for m in SCORE_MODS]
+    for bad in ("bias", 2):
+        config["kernels"]["attn_bwd_dq"]["exclude"][0]["flags"]["SCORE_MOD"] = bad
+        with pytest.raises(grid.GridError, match=r"attn_bwd_dq exclude SCORE_MOD: .*triton_src/variants.py names"):
+            grid.expand(config, {"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "128"})
+
+
+def test_no_score_mod_is_spelt_as_a_number():
+    # Outside triton_src/variants.py the kernels compare SCORE_MOD with its named constexprs and
+    # configs.json names the variants: a number (or SCORE_MOD's truth value) would be a variant
+    # without a name again.
+    numeric = re.compile(r"SCORE_MOD\s*(==|!=|<=|>=|<|>)\s*\d|\bif (not )?SCORE_MOD\s*:|SCORE_MOD\"\s*:\s*\[?\s*\d")
+    sources = [p for p in (ROOT / "triton_src").glob("*.py") if p.name != "variants.py"]
+    for path in sources + [ROOT / "aot_build" / "configs.json"]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            assert not numeric.search(line), f"{path.relative_to(ROOT)}:{n}: {line.strip()}"

@@ -30,6 +30,7 @@ from .common import (
 )
 from .arguments import ALIBI, BIAS, DROPOUT, SCORES, SEGMENTS, SEQUENCES, SHAPE, WINDOW
 from .spec import KernelSpec, Param, f32, f32_tensor, i32, index_tensor, strides, tensor
+from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN
 
 @triton.jit
 def attn_bwd_preprocess(
@@ -93,7 +94,7 @@ def _dkdv_query_tiles(
     """Adds query rows of one head to this key tile's dK, dV (transposed math: the key tile is
     the M side of every product): the rows that see the whole tile, [full_lo, full_hi), or,
     MASKED, the two edges [lo, full_lo) and [full_hi, hi) in one loop. kv_seg: the tile's
-    keys' segment ids. SCORE_MOD 2 tiles apply the forward's dropout mask (every tile) and, masked
+    keys' segment ids. BIAS_DROPOUT tiles apply the forward's dropout mask (every tile) and, masked
     (a bias masks every tile), add the bias and write dS as d bias (write_dbias != 0). Dropout: dV
     takes the kept probabilities, dP is kept and rescaled the same way, dS = P * (dP - delta)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -106,11 +107,11 @@ def _dkdv_query_tiles(
         lse = lse_log2(Lse + row_base, rows, seqlen_q)
         delta = tl.load(Delta + row_base + rows, mask=rows < seqlen_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q)) * qk_scale            # [BLOCK_N, BLOCK_M]
-        if SCORE_MOD:
+        if SCORE_MOD != PLAIN:
             qk_t, dcap_t = modified_scores(qk_t, rows[None, :], offs_n[:, None],
                                            diagonal, softcap_log2, alibi_log2, alibi_offset)
         if MASKED:
-            if SCORE_MOD == 2:
+            if SCORE_MOD == BIAS_DROPOUT:
                 if use_bias != 0:
                     qk_t += bias_log2(bias_base, stride_biasq, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k)
         p_t = tl.math.exp2(qk_t - lse[None, :])
@@ -121,7 +122,7 @@ def _dkdv_query_tiles(
             p_t = tl.where(visible, p_t, 0.0)
         dp_t = tl.dot(v, tl.trans(do))
         p_kept_t = p_t
-        if SCORE_MOD == 2:
+        if SCORE_MOD == BIAS_DROPOUT:
             if dropout_threshold > 0:
                 keep_t = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, True)
                 p_kept_t = tl.where(keep_t, p_t * dropout_scale, 0.0)
@@ -129,12 +130,12 @@ def _dkdv_query_tiles(
         dv += tl.dot(p_kept_t.to(do.dtype), do)
         ds_t = p_t * (dp_t - delta[None, :])
         if MASKED:
-            if SCORE_MOD == 2:
+            if SCORE_MOD == BIAS_DROPOUT:
                 if write_dbias != 0:
                     tl.store(dbias_base + rows[None, :].to(tl.int64) * stride_dbiasq + offs_n[:, None],
                              ds_t.to(dbias_base.dtype.element_ty),
                              mask=(rows < seqlen_q)[None, :] & (offs_n < seqlen_k)[:, None])
-        if SCORE_MOD:
+        if SCORE_MOD != PLAIN:
             ds_t *= dcap_t
         dk += tl.dot(ds_t.to(q.dtype), q)
     return dk, dv
@@ -168,13 +169,14 @@ def attn_bwd_dkdv(
     ACCUMULATE_DQ is the contract's deterministic=False form: the kernel also adds each tile
     pair's dQ (softmax_scale * dS K) into DQAccum, float32 laid out like Q and zeroed by the op,
     which then launches no attn_bwd_dq; the order of the additions varies between runs.
-    SCORE_MOD 3 is SCORE_MOD 1 for ALiBi without a softcap (softcap_log2 0), whose code leaves
-    the softcap out; SCORE_MOD 4 is SCORE_MOD 2 without a softcap for a bias whose rows TMA can
-    read (attn_fwd says when) and, with write_dbias, seqlen_k a multiple of 4 (DBias's rows then
+    SCORE_MOD (triton_src/variants.py): ALIBI_ONLY is SOFTCAP_ALIBI for ALiBi without a softcap
+    (softcap_log2 0), whose code leaves the softcap out; BIAS_TMA is BIAS_DROPOUT without a softcap
+    for a bias whose rows TMA can read (attn_fwd says when) and, with write_dbias, seqlen_k a multiple of 4 (DBias's rows then
     16-byte multiples too). Only the Hopper implementation (backward_sm90.py) has these:
     configs.json builds no such variant of this kernel."""
     tl.static_assert(not ACCUMULATE_DQ, "attn_bwd_dkdv has no dQ accumulation (configs.json builds none)")
-    tl.static_assert(SCORE_MOD <= 2, "attn_bwd_dkdv has no ALiBi-only or TMA-bias variant (configs.json builds none)")
+    tl.static_assert(SCORE_MOD != ALIBI_ONLY and SCORE_MOD != BIAS_TMA,
+                     "attn_bwd_dkdv has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -200,7 +202,7 @@ def attn_bwd_dkdv(
     diagonal = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
-    if SCORE_MOD == 2:
+    if SCORE_MOD == BIAS_DROPOUT:
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
@@ -258,11 +260,11 @@ def _dq_key_tiles(
         k = _load_rows(k_base, cols, stride_ks, offs_d, seqlen_k, head_dim, PAD_D)
         v = _load_rows(v_base, cols, stride_vs, offs_d, seqlen_k, head_dim, PAD_D)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
-        if SCORE_MOD:
+        if SCORE_MOD != PLAIN:
             qk, dcap = modified_scores(qk, offs_m[:, None], cols[None, :],
                                        diagonal, softcap_log2, alibi_log2, alibi_offset)
         if MASKED:
-            if SCORE_MOD == 2:
+            if SCORE_MOD == BIAS_DROPOUT:
                 if use_bias != 0:
                     qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
         p = tl.math.exp2(qk - lse[:, None])
@@ -272,12 +274,12 @@ def _dq_key_tiles(
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
-        if SCORE_MOD == 2:
+        if SCORE_MOD == BIAS_DROPOUT:
             if dropout_threshold > 0:
                 keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
                 dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
-        if SCORE_MOD:
+        if SCORE_MOD != PLAIN:
             ds *= dcap
         dq += tl.dot(ds.to(k.dtype), k)
     return dq
@@ -301,10 +303,11 @@ def attn_bwd_dq(
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias, dropout and segment ids (SegmentSpans
-    per query tile of BLOCK_M) as in attn_fwd. SCORE_MOD 3 (ALiBi without a softcap, its code left
-    out) and 4 (attn_bwd_dkdv's: a bias read by TMA) exist in the Hopper implementation
+    per query tile of BLOCK_M) as in attn_fwd. ALIBI_ONLY (ALiBi without a softcap, its code left
+    out) and BIAS_TMA (attn_bwd_dkdv's: a bias read by TMA) exist in the Hopper implementation
     (backward_dq_sm90.py) alone."""
-    tl.static_assert(SCORE_MOD <= 2, "attn_bwd_dq has no ALiBi-only or TMA-bias variant (configs.json builds none)")
+    tl.static_assert(SCORE_MOD != ALIBI_ONLY and SCORE_MOD != BIAS_TMA,
+                     "attn_bwd_dq has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -334,7 +337,7 @@ def attn_bwd_dq(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    if SCORE_MOD == 2:
+    if SCORE_MOD == BIAS_DROPOUT:
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0

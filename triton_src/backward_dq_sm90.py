@@ -13,11 +13,11 @@ registers as the last product's A operand.
   released as soon as dP(j) is done.
 
 Tiles are visited as in attn_bwd_dq: the fully visible ones first without a mask, then the
-window's edges and the end of the keys (forward_sm90._key_tiles). Supported: SCORE_MOD 0 and 1
-(softcap, ALiBi), windows and causal, GQA, varlen, segment ids; configs.json keeps SCORE_MOD 2
-(any bias, dropout alone) on attn_bwd_dq. SCORE_MOD 3, ALiBi without a softcap, and 4, a bias
-that TMA can read (bias_sm90.py) with dropout and ALiBi and no softcap, are this kernel's alone
-(attn_bwd_dq's contract). The op guarantees what TMA needs, as for the forward.
+window's edges and the end of the keys (forward_sm90._key_tiles). Supported (SCORE_MOD,
+triton_src/variants.py): plain and softcap_alibi, windows and causal, GQA, varlen, segment ids;
+configs.json keeps bias_dropout (any bias, dropout alone) on attn_bwd_dq. alibi_only, ALiBi
+without a softcap, and bias_tma, a bias that TMA can read (bias_sm90.py) with dropout and ALiBi
+and no softcap, are this kernel's alone (attn_bwd_dq's contract). The op guarantees what TMA needs, as for the forward.
 """
 
 from triton.experimental import gluon
@@ -27,11 +27,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .backward import ATTN_BWD_DQ
-from .bias_sm90 import add_bias, invalidate_bias_slots, load_bias, score_mod4_args
+from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
 from .common import alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, sequence_span
 from .dropout_sm90 import dropout_keep
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
 from .spec import KernelSpec
+from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -41,7 +42,7 @@ def _load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_re
           v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, bias_load,
           HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The producer warp: both halves of Q and dO (one barrier per half), then each visited
-    tile's K and V into the ring, and with SCORE_MOD 4 (bias_load not empty) its bias rows of
+    tile's K and V into the ring, and with BIAS_TMA (bias_load not empty) its bias rows of
     each half (bias_sm90.load_bias)."""
     if n_tiles > 0:
         for half in gl.static_range(2):
@@ -62,16 +63,16 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
                     window_right, qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base,
                     use_segments, mods, row0, SCORE_MOD: gl.constexpr):
     """dS of key tile j from its S and dP: attn_bwd_dq's _dq_key_tiles between the products.
-    SCORE_MOD 4 adds the bias from the warpgroup's slot and drops dP where the forward dropped P
+    BIAS_TMA adds the bias from the warpgroup's slot and drops dP where the forward dropped P
     (mods: the slot and the dropout's arguments; row0, the warpgroup's first row)."""
     cols = start_n + offs_n
     s = s * qk_scale
-    if SCORE_MOD:
+    if SCORE_MOD != PLAIN:
         # The rows stay put through this kernel's loop, so the offset joins their diagonal once; on
         # the key side it cost a subtraction per column and tile (4-5 % of dQ's time at d128).
-        if SCORE_MOD >= 3:  # ALiBi without a softcap: none of the softcap's code
+        if SCORE_MOD == ALIBI_ONLY or SCORE_MOD == BIAS_TMA:  # none of the softcap's code
             s = alibi_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, alibi_log2, 0)
-            if SCORE_MOD == 4:
+            if SCORE_MOD == BIAS_TMA:
                 s = add_bias(s, mods[0], j)
         else:
             s, dcap = modified_scores(s, rows[:, None], cols[None, :], diagonal + alibi_offset, softcap_log2,
@@ -83,9 +84,9 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
         p = gl.where(visible, p, 0.0)
-    if SCORE_MOD == 1:
+    if SCORE_MOD == SOFTCAP_ALIBI:
         p = p * dcap  # the softcap's derivative
-    if SCORE_MOD == 4:
+    if SCORE_MOD == BIAS_TMA:
         seed, batch, head, threshold, scale = mods[1], mods[2], mods[3], mods[4], mods[5]
         layout: gl.constexpr = dp.type.layout
         if threshold > 0:
@@ -195,10 +196,10 @@ def attn_bwd_dq_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
 ):
-    """attn_bwd_dq's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by
-    TMA, dropout, ALiBi). Launched with 4 warps (the first consumer warpgroup); warp_specialize
+    """attn_bwd_dq's contract (see its docstring) for SCORE_MOD PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY and
+    BIAS_TMA (a bias read by TMA, dropout, ALiBi). Launched with 4 warps (the first consumer warpgroup); warp_specialize
     adds the second consumer and the producer warp."""
-    gl.static_assert(SCORE_MOD != 2, "attn_bwd_dq_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
+    gl.static_assert(SCORE_MOD != BIAS_DROPOUT, "attn_bwd_dq_sm90 reads a bias by TMA alone (bias_tma)")
     # K(j-1) is held through iteration j, so a third slot keeps K(j+1) loading; four, because
     # the slot and phase arithmetic then needs no division by three (1.01-1.04x, docs/notes/tuning.md T19).
     STAGES: gl.constexpr = 4
@@ -244,17 +245,17 @@ def attn_bwd_dq_sm90(
         mbarrier.init(turn.index(b), count=1)
 
     alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
-    if SCORE_MOD:
+    if SCORE_MOD != PLAIN:
         if use_alibi != 0:
             alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     row_base = batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
-    # SCORE_MOD 4's bias (by TMA, bias_sm90.py) and dropout, as in forward_sm90.py: bias_load for
+    # BIAS_TMA's bias (by TMA, bias_sm90.py) and dropout, as in forward_sm90.py: bias_load for
     # the producer, per consumer its slot and the dropout's arguments. Empty tuples otherwise.
     bias_load, mods_0, mods_1 = (), (), ()
-    if SCORE_MOD == 4:
-        bias_load, mods_0, mods_1, _ = score_mod4_args(
+    if SCORE_MOD == BIAS_TMA:
+        bias_load, mods_0, mods_1, _ = bias_tma_args(
             Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
             batch, head, seqlen_q, seqlen_k, dtype, 2, HALF_M, BLOCK_N)
 
@@ -278,7 +279,7 @@ def attn_bwd_dq_sm90(
         mbarrier.invalidate(q_ready.index(b))
         mbarrier.invalidate(turn.index(b))
     _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES)
-    if SCORE_MOD == 4:
+    if SCORE_MOD == BIAS_TMA:
         invalidate_bias_slots(bias_load, 2)
 
 

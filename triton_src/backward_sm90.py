@@ -32,11 +32,11 @@ half of the columns over all the tile's keys.
 A 96 bucket (two-warpgroup form, no dQ accumulation) runs the head dim in two pieces, 64 + 32
 columns, each with its own descriptors, tiles and products (forward_sm90.py's split).
 
-Supported: SCORE_MOD 0 and 1 (softcap, ALiBi), windows and causal, GQA, varlen, segment ids;
-configs.json keeps SCORE_MOD 2 (any bias, dropout alone) on attn_bwd_dkdv. SCORE_MOD 3 is ALiBi
-without a softcap, this kernel's alone: without the softcap's tanh and derivative tile, the
-128-key form's consumers fit their registers at d128 with ALiBi (attn_bwd_dkdv's contract says
-so). SCORE_MOD 4, its own too (the two-warpgroup form without dQ accumulation), is a bias that TMA
+Supported (SCORE_MOD, triton_src/variants.py): plain and softcap_alibi, windows and causal, GQA,
+varlen, segment ids; configs.json keeps bias_dropout (any bias, dropout alone) on attn_bwd_dkdv.
+alibi_only is ALiBi without a softcap, this kernel's alone: without the softcap's tanh and
+derivative tile, the 128-key form's consumers fit their registers at d128 with ALiBi (attn_bwd_dkdv's contract says
+so). bias_tma, its own too (the two-warpgroup form without dQ accumulation), is a bias that TMA
 can read, with dropout and ALiBi and no softcap: the producer loads each query tile's bias rows
 into its Q/dO slot, each consumer adds its keys' rows to S^T, writes dS^T as d bias through a
 float32 staging tile and TMA stores, and draws the dropout mask transposed (dropout_sm90.py).
@@ -57,6 +57,7 @@ from .common import (
 )
 from .dropout_sm90 import dropout_keep
 from .spec import KernelSpec
+from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # A warpgroup, though one warp could issue the loads: Triton orders a partition's shared-memory
@@ -118,7 +119,7 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
     tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
     after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1. With D1 > 0
     every tile also has its second head-dim piece (the *1 descriptors and buffers), loaded on the
-    same barriers, and with SCORE_MOD 4 (bias_load not empty, a bias) the tile's bias rows for
+    same barriers, and with BIAS_TMA (bias_load not empty, a bias) the tile's bias rows for
     both halves of the keys (_load_bias_rows)."""
     row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     if n_tiles > 0:
@@ -278,7 +279,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
     also its keys' part of each query tile's dQ, over all the columns (_accumulate_dq: the
     ds_smem, ds_ready, dqa_desc and dq_smem arguments; None without it). With D1 > 0 the head
     dim comes in two pieces (BLOCK_D columns, then D1 in the *1 buffers): S^T and dP^T sum both
-    pieces' products, dK and dV are two accumulators each. SCORE_MOD 4 (mods: the bias slots,
+    pieces' products, dK and dV are two accumulators each. BIAS_TMA (mods: the bias slots,
     use_bias, the d bias descriptor, this warpgroup's staging tile, write_dbias, and the dropout's
     seed, batch, threshold, scale and mask buffer) adds the bias to S^T, writes dS^T as d bias, and drops P^T
     and dP^T where the forward dropped P."""
@@ -337,14 +338,14 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             lse = lse_smem.index(stage).load(row_layout)
             s_t = warpgroup_mma_wait(PIECES, deps=(s_t, ))
             s_t = s_t * qk_scale
-            if SCORE_MOD:
+            if SCORE_MOD != PLAIN:
                 alibi_log2 = 0.0
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                if SCORE_MOD >= 3:
+                if SCORE_MOD == ALIBI_ONLY or SCORE_MOD == BIAS_TMA:  # none of the softcap's code
                     s_t = alibi_scores(s_t, rows[None, :], keys[:, None], diagonal, alibi_log2, alibi_offset)
-                    if SCORE_MOD == 4:
+                    if SCORE_MOD == BIAS_TMA:
                         s_t = _bias_rows_t(s_t, mods, stage, HALF, HALF_N)
                 else:
                     s_t, dcap = modified_scores(s_t, rows[None, :], keys[:, None],
@@ -357,7 +358,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                     visible = visible & (kv_seg[:, None] == q_seg[None, :])
                 p_t = gl.where(visible, p_t, 0.0)
             # dV's product runs while this warpgroup waits for dP^T and computes dS^T.
-            if SCORE_MOD == 4:
+            if SCORE_MOD == BIAS_TMA:
                 # Dropout: dV takes the kept probabilities (rescaled), dP^T is kept the same way.
                 keep_t, kept_scale = _dropout_t(p_t, mods, start_m, key0, kv_head * kv_group_size + g)
                 p_op = gl.convert_layout(gl.where(keep_t, p_t * kept_scale, 0.0).to(dtype), a_layout)
@@ -366,14 +367,14 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
             if D1 > 0:
                 dv1 = warpgroup_mma(gl.convert_layout(p_op, a_layout1), do_tile1, dv1, is_async=True)
-            if SCORE_MOD == 1:
+            if SCORE_MOD == SOFTCAP_ALIBI:
                 p_t = p_t * dcap  # the softcap's derivative, folded in now: one [64, 64] tile fewer live
             delta = delta_smem.index(stage).load(row_layout)
             dp_t = warpgroup_mma_wait(PIECES, deps=(dp_t, ))
-            if SCORE_MOD == 4:
+            if SCORE_MOD == BIAS_TMA:
                 dp_t = gl.where(keep_t, dp_t * kept_scale, 0.0)
             ds_t = p_t * (dp_t - delta[None, :])
-            if SCORE_MOD == 4:
+            if SCORE_MOD == BIAS_TMA:
                 _store_dbias_t(ds_t, mods, start_m, g, key0)
             if ACCUMULATE_DQ:
                 dk, dv = _accumulate_dq(ds_t.to(dtype), dk, dv, q_tile, k_tile, ds_smem, ds_ready, dqa_desc, dq_smem,
@@ -387,7 +388,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_tile, dk, is_async=True)
                 dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
             mbarrier.arrive(empty.index(stage), count=1)
-        if ACCUMULATE_DQ or SCORE_MOD == 4:
+        if ACCUMULATE_DQ or SCORE_MOD == BIAS_TMA:
             # The last reduction or d bias store has read its staging tile before the CTA's shared
             # memory goes.
             tma.store_wait(0)
@@ -464,12 +465,12 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
             lse = lse_smem.index(stage).load(row_layout)
             s = warpgroup_mma_wait(1, deps=(s, ))
             s = s * qk_scale
-            if SCORE_MOD:
+            if SCORE_MOD != PLAIN:
                 alibi_log2 = 0.0
                 if use_alibi != 0:
                     head = kv_head * kv_group_size + g
                     alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
-                if SCORE_MOD == 3:
+                if SCORE_MOD == ALIBI_ONLY:
                     s = alibi_scores(s, rows[:, None], keys[None, :], diagonal, alibi_log2, alibi_offset)
                 else:
                     s, dcap = modified_scores(s, rows[:, None], keys[None, :],
@@ -482,7 +483,7 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                     visible = visible & (q_seg[:, None] == kv_seg[None, :])
                 p = gl.where(visible, p, 0.0)
             pt_smem.index(buf).slice(HALF * HALF_N, HALF_N).store(gl.permute(p.to(dtype), (1, 0)))
-            if SCORE_MOD == 1:
+            if SCORE_MOD == SOFTCAP_ALIBI:
                 p = p * dcap
             delta = delta_smem.index(stage).load(row_layout)
             dp = warpgroup_mma_wait(0, deps=(dp, ))
@@ -534,8 +535,8 @@ def attn_bwd_dkdv_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, ACCUMULATE_DQ: gl.constexpr,
 ):
-    """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by
-    TMA, d bias, dropout). BLOCK_N 128: two consumer warpgroups of 64 keys (_accumulate, up to
+    """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY and
+    BIAS_TMA (a bias read by TMA, d bias, dropout). BLOCK_N 128: two consumer warpgroups of 64 keys (_accumulate, up to
     head dim 128); BLOCK_N 64: the wide-head form, whose warpgroups share the keys and split the
     head dim (_accumulate_wide). ACCUMULATE_DQ (up to
     d128): each warpgroup also adds a part of each query tile's dQ to DQAccum by bulk TMA
@@ -554,7 +555,7 @@ def attn_bwd_dkdv_sm90(
     # divided out of the loop counter: 1.01-1.02x at d128 and d256 without dQ accumulated or a
     # score modification, but 0.95x at d64 16k with dQ (docs/notes/tuning.md T19), and the d256 softcap
     # variant spills 24 bytes more with it: only where measured faster.
-    CARRIED: gl.constexpr = BLOCK_D >= 128 and not ACCUMULATE_DQ and SCORE_MOD == 0
+    CARRIED: gl.constexpr = BLOCK_D >= 128 and not ACCUMULATE_DQ and SCORE_MOD == PLAIN
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     # A bucket that is not a power of two (96) is two pieces of the head dim, each a power of two
@@ -570,8 +571,8 @@ def attn_bwd_dkdv_sm90(
                          "tiles within shared memory")
     if WIDE or ACCUMULATE_DQ:
         gl.static_assert(D1 == 0, "the head dim in two pieces: the two-warpgroup form without dQ accumulation")
-    gl.static_assert(SCORE_MOD != 2, "attn_bwd_dkdv_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
-    if SCORE_MOD == 4:
+    gl.static_assert(SCORE_MOD != BIAS_DROPOUT, "attn_bwd_dkdv_sm90 reads a bias by TMA alone (bias_tma)")
+    if SCORE_MOD == BIAS_TMA:
         gl.static_assert(not WIDE and not ACCUMULATE_DQ and BLOCK_M == 64,
                          "a bias in the two-warpgroup form without dQ accumulation, 64-row query tiles")
 
@@ -645,7 +646,7 @@ def attn_bwd_dkdv_sm90(
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
 
-    # SCORE_MOD 4: the bias rows of each query tile come with its Q and dO (one buffer per slot,
+    # BIAS_TMA: the bias rows of each query tile come with its Q and dO (one buffer per slot,
     # bias_load for the producer); a bias broadcast over the heads is read at head 0 of a
     # one-head descriptor. d bias goes out through a float32 staging tile per warpgroup, and the
     # transposed dropout mask through an int8 tile of its own (dropout_sm90.py says why). mods_*:
@@ -653,7 +654,7 @@ def attn_bwd_dkdv_sm90(
     bias_load = ()
     mods_0 = ()
     mods_1 = ()
-    if SCORE_MOD == 4:
+    if SCORE_MOD == BIAS_TMA:
         bias_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
         per_head = stride_biash != 0
         bias_desc = tma.make_tensor_descriptor(

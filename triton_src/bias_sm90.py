@@ -1,9 +1,10 @@
 """A bias read by TMA, for the Hopper (Gluon) kernels whose consumer warpgroups own query rows
-(the forward and the dQ kernel; SCORE_MOD 4, whose arguments score_mod4_args gathers): the
+(the forward and the dQ kernel; SCORE_MOD bias_tma, triton_src/variants.py, whose arguments
+bias_tma_args gathers): the
 producer loads each visited key tile's bias rows of each consumer, [WG_M, BLOCK_N], into that
 consumer's one slot, and the consumer adds them to its scores and releases the slot. TMA
 zero-fills past the sequence's ends, as common.bias_log2's masked loads do; the op sends a bias
-TMA cannot read (broadcast over the queries, rows not a multiple of 16 bytes) to SCORE_MOD 2.
+TMA cannot read (broadcast over the queries, rows not a multiple of 16 bytes) to bias_dropout.
 """
 
 from triton.experimental import gluon
@@ -72,10 +73,10 @@ def add_bias(s, slot, it):
 
 
 @gluon.jit
-def score_mod4_args(Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold,
+def bias_tma_args(Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold,
                     dropout_scale, batch, head, seqlen_q, seqlen_k, dtype: gl.constexpr, CONSUMERS: gl.constexpr,
                     WG_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """SCORE_MOD 4's partition arguments from the kernel's (attn_fwd's contract): the producer's
+    """BIAS_TMA's partition arguments from the kernel's (attn_fwd's contract): the producer's
     bias_slots, then for each of up to three consumers its bias slot and the dropout's seed, batch,
     head, threshold and scale (an empty tuple for a third of two). The bias is the (batch, head)'s
     [seqlen_q, seqlen_k] rows, as attn_fwd reads it."""

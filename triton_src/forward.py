@@ -20,10 +20,11 @@ the query tile run without any mask, and only the tiles at the window's two edge
 at the end of the keys (one loop that jumps from the left edge to the right) pay for it. Tiles outside the window are never visited, so time
 grows with the window, not the sequence.
 
-SCORE_MOD variants add the softcap (softcap * tanh(s / softcap)) and the ALiBi bias
-(-slope * |i + seqlen_k - seqlen_q + alibi_offset - j|) to every tile; SCORE_MOD 2 also takes an additive bias
-and dropout, whose code SCORE_MOD 1 leaves out (it costs registers even when unused). All are
-runtime values inside, so one variant serves any mix.
+The score-modifier variants (SCORE_MOD, named in triton_src/variants.py) add the softcap
+(softcap * tanh(s / softcap)) and the ALiBi bias (-slope * |i + seqlen_k - seqlen_q + alibi_offset - j|)
+to every tile (softcap_alibi); bias_dropout also takes an additive bias and dropout, whose code
+softcap_alibi leaves out (it costs registers even when unused). All are runtime values inside, so
+one variant serves any mix.
 """
 
 import triton
@@ -37,6 +38,7 @@ from .common import (
 from .arguments import ALIBI, BIAS, DROPOUT, FP8_INPUTS, SCORES, SEGMENTS, SEQUENCES, SHAPE, SINKS, WINDOW
 from .fp8 import descale_at, fp8_pointer, fp8_probabilities
 from .spec import KernelSpec, f32_tensor, strides, tensor
+from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
 
 
 @triton.jit
@@ -55,8 +57,8 @@ def _attend_key_tiles(
 
     `k_tile_ptrs`/`v_tile_ptrs` are the tile's pointers at key row 0. MASKED tiles apply
     key_visible (window, causal, end of the keys) and the segment ids (q_seg per row against
-    the keys' ids at kv_seg_base); the others are visible to every row. SCORE_MOD 1 adds the
-    softcap and ALiBi to every tile; SCORE_MOD 2 also zeroes the dropped probabilities of every
+    the keys' ids at kv_seg_base); the others are visible to every row. SOFTCAP_ALIBI adds the
+    softcap and ALiBi to every tile; BIAS_DROPOUT also zeroes the dropped probabilities of every
     tile in what reaches V (the row sums keep them: dropout acts after the softmax) and adds a
     bias, which makes every tile masked (mask_every_tile): loaded in the unmasked loop, the bias
     tile made ptxas serialize the wgmma pipeline.
@@ -88,11 +90,11 @@ def _attend_key_tiles(
             k = tl.load(k_ptrs)
 
         qk = tl.dot(q, k) * qk_scale
-        if SCORE_MOD:
+        if SCORE_MOD != PLAIN:
             qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :],
                                     diagonal, softcap_log2, alibi_log2, alibi_offset)
         if MASKED:
-            if SCORE_MOD == 2:
+            if SCORE_MOD == BIAS_DROPOUT:
                 if use_bias != 0:
                     qk += bias_log2(bias_base, stride_biasq, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k)
             visible = key_visible(offs_m[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
@@ -100,7 +102,7 @@ def _attend_key_tiles(
             visible = visible & (q_seg[:, None] == kv_seg[None, :])
             qk = tl.where(visible, qk, float("-inf"))
         p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, MASKED)
-        if SCORE_MOD == 2:
+        if SCORE_MOD == BIAS_DROPOUT:
             if dropout_threshold > 0:
                 keep = dropout_keep(seed, batch, head, start_m, start_n, dropout_threshold, BLOCK_M, BLOCK_N, False)
                 p = tl.where(keep, p, 0.0)
@@ -157,13 +159,13 @@ def attn_fwd(
     common.segment_span turns into the keys visited and the tiles left unmasked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
-    SCORE_MOD 3 is SCORE_MOD 1 for ALiBi without a softcap (softcap_log2 0), whose code leaves the
-    softcap out: the Hopper implementation's alone (configs.json).
-    SCORE_MOD 2 variants also take a bias (use_bias != 0; dense layout only; every tile masked):
+    SCORE_MOD (triton_src/variants.py): ALIBI_ONLY is SOFTCAP_ALIBI for ALiBi without a softcap
+    (softcap_log2 0), whose code leaves the softcap out: the Hopper implementation's alone (configs.json).
+    BIAS_DROPOUT variants also take a bias (use_bias != 0; dense layout only; every tile masked):
     Bias + batch * stride_biasb + head * stride_biash + row * stride_biasq + key, in q's dtype,
     added to the scores (natural-log units); and dropout (dropout_threshold > 0): keys are dropped per
     dropout_keep with the int64 seed at DropoutSeed, and out is scaled by dropout_scale =
-    1 / keep probability. SCORE_MOD 4 is SCORE_MOD 2 for a bias whose rows TMA can read: a nonzero
+    1 / keep probability. BIAS_TMA is BIAS_DROPOUT for a bias whose rows TMA can read: a nonzero
     stride_biasq and every stride a multiple of 16 bytes from a 16-byte aligned Bias (the op asks
     for it first where the build has it): the Hopper implementation's alone.
     FP8 1 or 2: Q, K and V hold float8 (e4m3fn, e5m2; triton_src/fp8.py) values that stand for
@@ -176,8 +178,10 @@ def attn_fwd(
     time, unpipelined (3.6x slower at d128 on the H100). With FP8 0 none of these are read.
     """
     tl.static_assert(not TILE_LOOP, "attn_fwd runs one query tile per program")
-    tl.static_assert(SCORE_MOD <= 2, "attn_fwd has no ALiBi-only or TMA-bias variant (configs.json builds none)")
-    tl.static_assert(FP8 == 0 or SCORE_MOD <= 1, "FP8 inputs take no bias or dropout")
+    tl.static_assert(SCORE_MOD != ALIBI_ONLY and SCORE_MOD != BIAS_TMA,
+                     "attn_fwd has no ALiBi-only or TMA-bias variant (configs.json builds none)")
+    tl.static_assert(FP8 == 0 or SCORE_MOD == PLAIN or SCORE_MOD == SOFTCAP_ALIBI,
+                     "FP8 inputs take no bias or dropout")
     Q = fp8_pointer(Q, FP8)
     K = fp8_pointer(K, FP8)
     V = fp8_pointer(V, FP8)
@@ -233,7 +237,7 @@ def attn_fwd(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    if SCORE_MOD == 2:
+    if SCORE_MOD == BIAS_DROPOUT:
         seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
     else:
         seed = 0
@@ -257,7 +261,7 @@ def attn_fwd(
         softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
         stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale, BLOCK_M, BLOCK_N, PAD_D, True,
         SCORE_MOD)
-    if SCORE_MOD == 2:
+    if SCORE_MOD == BIAS_DROPOUT:
         acc *= dropout_scale  # 1 without dropout
     if FP8:
         acc *= descale_at(VDescale, batch, kv_head, stride_vdescaleb, stride_vdescaleh) / p_scale

@@ -23,11 +23,11 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
   while P(j-1) V(j-1) is still running; P stays in registers as that product's A operand.
 
 Tiles are visited as in attn_fwd: the fully visible ones first without a mask, then the window's
-edges and the end of the keys. Supported: SCORE_MOD 0, 1 (softcap, ALiBi), 3 (ALiBi alone) and 4
-(a bias that TMA can read, with dropout, softcap and ALiBi: the producer loads each key tile's
-bias rows into shared memory with K and V; dropout_sm90.py draws the dropout mask), windows and
-causal, sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span);
-configs.json keeps SCORE_MOD 2 (any bias layout, dropout without a bias) and the 32 bucket on
+edges and the end of the keys. Supported (SCORE_MOD, triton_src/variants.py): plain,
+softcap_alibi, alibi_only and bias_tma (a bias that TMA can read, with dropout, softcap and
+ALiBi: the producer loads each key tile's bias rows into shared memory with K and V;
+dropout_sm90.py draws the dropout mask), windows and causal, sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span);
+configs.json keeps bias_dropout (any bias layout, dropout without a bias) and the 32 bucket on
 attn_fwd, and at d64 all but the long dense calls without score modifications (TILE_LOOP). The
 op guarantees what TMA needs: 16-byte aligned bases and row strides, head_dim a multiple of 8.
 
@@ -47,11 +47,12 @@ from .common import (
     alibi_scores, key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
     tile_loop_bounds, visible_key_range,
 )
-from .bias_sm90 import add_bias, invalidate_bias_slots, load_bias, score_mod4_args
+from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .fp8 import descale_at, fp8_pointer
 from .spec import KernelSpec
+from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -168,7 +169,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
     v_empty, one arrival per consumer). The ring's position runs on across query tiles, so the
     next tile's K and V load while the consumers finish this one. With D1 > 0 each tile also
     has its second head-dim piece (the *1 descriptors and buffers), loaded on the same barriers.
-    bias_load (SCORE_MOD 4, else empty): each key tile's bias rows of each consumer
+    bias_load (BIAS_TMA, else empty): each key tile's bias rows of each consumer
     (bias_sm90.load_bias)."""
     it = 0
     for k in range(n_rounds):
@@ -209,19 +210,19 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
             qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, mods, it,
             SCORE_MOD: gl.constexpr, SEGMENTS: gl.constexpr):
     """The tile's scores, -inf where masked (tiles past the unmasked ones): forward.py's
-    _attend_key_tiles between the two dots. With SCORE_MOD 0 and qk_scale > 0 they stay unscaled
+    _attend_key_tiles between the two dots. With PLAIN and qk_scale > 0 they stay unscaled
     (_softmax folds qk_scale into its exp2's argument, one FFMA per score); else they are in the
     log2 domain. SEGMENTS: 1 masks by segment ids where use_segments says so; 0 and 2 (the key
-    loop's two copies at 160 registers, _key_loop) never and always. SCORE_MOD 4 adds the bias
+    loop's two copies at 160 registers, _key_loop) never and always. BIAS_TMA adds the bias
     after the softcap and ALiBi: the `it`-th key tile's, from the warpgroup's bias slot (mods,
     _attend_tile's), which the producer refills once it is released (bias_sm90.add_bias)."""
     cols = start_n + offs_n
-    if SCORE_MOD == 3:  # ALiBi without a softcap: none of the softcap's code
+    if SCORE_MOD == ALIBI_ONLY:  # none of the softcap's code
         s = alibi_scores(s * qk_scale, rows[:, None], cols[None, :], diagonal, alibi_log2, alibi_offset)
-    elif SCORE_MOD:
+    elif SCORE_MOD != PLAIN:
         s, _ = modified_scores(s * qk_scale, rows[:, None], cols[None, :],
                                diagonal, softcap_log2, alibi_log2, alibi_offset)
-        if SCORE_MOD == 4:
+        if SCORE_MOD == BIAS_TMA:
             s = add_bias(s, mods[0], it)
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
         s = s * qk_scale
@@ -281,10 +282,10 @@ def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
 
 @gluon.jit
 def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
-    """What of the tile's probabilities reaches V: with SCORE_MOD 4 and dropout, 0 where the
+    """What of the tile's probabilities reaches V: with BIAS_TMA and dropout, 0 where the
     forward's mask (dropout_sm90.dropout_keep, common.dropout_keep's draws) drops a key; the
     row sums keep them (dropout acts after the softmax), and the output is scaled at the end."""
-    if SCORE_MOD == 4:
+    if SCORE_MOD == BIAS_TMA:
         seed, batch, head, threshold = mods[1], mods[2], mods[3], mods[4]
         layout: gl.constexpr = p.type.layout
         if threshold > 0:
@@ -306,7 +307,7 @@ def _key_loop(q_tile, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empt
     S(j), computes tile j's softmax while the second product runs, then waits for it: no wgmma is
     in flight across the loop's back edge, which keeps ptxas from serializing them (an S(j+1)
     carried across it did). With D1 > 0 the head dim comes in two pieces (BLOCK_D, then D1
-    columns): S sums both pieces' products, and O is two accumulators (acc, acc1). SCORE_MOD 4
+    columns): S sums both pieces' products, and O is two accumulators (acc, acc1). BIAS_TMA
     adds the bias (mods; row0 is the warpgroup's first row) and drops keys from P(j) V(j).
     FP8 inputs: P goes to V in e4m3 times 2^p_log2 (_softmax, _p_operand), and V's slots hold
     V^T tiles, which the product reads K-major through a permuted view. The loop carries P(j-1)
@@ -420,7 +421,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     tiles consumed) and turn_phase run on across the program's tiles, as the producer's and the
     other warpgroups do; returns them updated. The turns run on across query tiles too: the
     last warpgroup's single opening arrival (in _attend) keeps the first one a turn ahead,
-    whatever each tile's length. mods: SCORE_MOD 4's bias and dropout (attn_fwd_sm90 says what).
+    whatever each tile's length. mods: BIAS_TMA's bias and dropout (attn_fwd_sm90 says what).
     FP8 inputs: p_scale scales P for its e4m3 product (and so the row sums), and out_scale (V's
     descale) multiplies the output, which is stored in Out's 16-bit dtype (o_smem's)."""
     dtype: gl.constexpr = q_smem.dtype
@@ -443,9 +444,9 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     row0 = start_m + WG * WG_M
     rows = row0 + gl.arange(0, WG_M, layout=row_layout)
     # What _softmax multiplies the scores _scores returns by: qk_scale where _scores left them
-    # unscaled (SCORE_MOD 0 with qk_scale > 0), else 1.
+    # unscaled (PLAIN with qk_scale > 0), else 1.
     softmax_scale = qk_scale * 0.0 + 1.0
-    if not SCORE_MOD:
+    if SCORE_MOD == PLAIN:
         if qk_scale > 0:
             softmax_scale = qk_scale
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -515,7 +516,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     if D1 > 0:
         l_o1 = gl.convert_layout(l_i, orow_layout1)
         out1 = acc1 / gl.where(l_o1 == 0.0, 1.0, l_o1)[:, None]
-    if SCORE_MOD == 4:  # the kept probabilities' 1 / (1 - p); 1 without dropout
+    if SCORE_MOD == BIAS_TMA:  # the kept probabilities' 1 / (1 - p); 1 without dropout
         out = out * mods[5]
         if D1 > 0:
             out1 = out1 * mods[5]
@@ -593,8 +594,8 @@ def attn_fwd_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr, FP8: gl.constexpr,
 ):
-    """attn_fwd's contract (see its docstring) for SCORE_MOD 0, 1, 3 and 4 (a bias read by TMA,
-    dropout). Launched with 4 warps (the first consumer warpgroup); warp_specialize adds the
+    """attn_fwd's contract (see its docstring) for SCORE_MOD PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY and BIAS_TMA
+    (a bias read by TMA, dropout). Launched with 4 warps (the first consumer warpgroup); warp_specialize adds the
     other consumers and the producer warp.
 
     TILE_LOOP (always true here): the grid's first axis may be shorter than cdiv(seqlen_q,
@@ -602,7 +603,7 @@ def attn_fwd_sm90(
     building the TMA descriptors and barriers once and loading the next tile's Q, K and V while
     it finishes the last one."""
     gl.static_assert(TILE_LOOP, "attn_fwd_sm90's programs loop over query tiles")
-    gl.static_assert(SCORE_MOD != 2, "attn_fwd_sm90 reads a bias by TMA alone (SCORE_MOD 4)")
+    gl.static_assert(SCORE_MOD != BIAS_DROPOUT, "attn_fwd_sm90 reads a bias by TMA alone (bias_tma)")
     STAGES: gl.constexpr = 2
     WG_M: gl.constexpr = 64  # query rows per consumer warpgroup
     CONSUMERS: gl.constexpr = BLOCK_M // WG_M
@@ -697,7 +698,7 @@ def attn_fwd_sm90(
         mbarrier.init(turn.index(b), count=1)
 
     alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
-    if SCORE_MOD:
+    if SCORE_MOD != PLAIN:
         if use_alibi != 0:
             alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
     sink_log2 = qk_scale * 0.0 + float("-inf")
@@ -714,13 +715,13 @@ def attn_fwd_sm90(
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     span_base = SegmentSpans + batch * stride_spanb
     lse_base = Lse + batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start
-    # SCORE_MOD 4's bias (as attn_fwd's, over the sequence's [seqlen_q, seqlen_k]; by TMA,
+    # BIAS_TMA's bias (as attn_fwd's, over the sequence's [seqlen_q, seqlen_k]; by TMA,
     # bias_sm90.py) and dropout: bias_load for the producer, per consumer its bias slot and the
-    # dropout's arguments (mods). Empty tuples for the other SCORE_MODs (a None would not pass
+    # dropout's arguments (mods). Empty tuples for the other variants (a None would not pass
     # into the partitions).
     bias_load, mods_0, mods_1, mods_2 = (), (), (), ()
-    if SCORE_MOD == 4:
-        bias_load, mods_0, mods_1, mods_2 = score_mod4_args(
+    if SCORE_MOD == BIAS_TMA:
+        bias_load, mods_0, mods_1, mods_2 = bias_tma_args(
             Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
             batch, head, seqlen_q, seqlen_k, dtype, CONSUMERS, WG_M, BLOCK_N)
 
@@ -778,7 +779,7 @@ def attn_fwd_sm90(
         mbarrier.invalidate(q_empty.index(b))
         mbarrier.invalidate(turn.index(b))
     _invalidate_ring(k_ready, v_ready, k_empty, v_empty, STAGES)
-    if SCORE_MOD == 4:
+    if SCORE_MOD == BIAS_TMA:
         invalidate_bias_slots(bias_load, CONSUMERS)
 
 

@@ -62,11 +62,27 @@ def skip_without_ptx(arch, *kernels) -> None:
         pytest.skip(f"this build has no sm_{arch} PTX for {', '.join(missing)} (FATTN_PTX_ARCHS)")
 
 
+def score_mod(name: str) -> int:
+    """The SCORE_MOD value of a score-modifier variant's name (triton_src/variants.py), as the
+    build's table stores it."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:  # a test's subprocess (racecheck_hopper_calls.py) runs from tests/
+        sys.path.insert(0, root)
+    from triton_src.variants import score_mod_value
+
+    return score_mod_value(name)
+
+
 def hopper_variants(function: str, constants: dict) -> list[dict]:
     """The build's bf16 sm_90 variants (fattn.build_info entries) of kernel function `function`
-    whose constants include `constants`: 16-bit inputs unless `constants` names an FP8 flag value."""
+    whose constants include `constants`: 16-bit inputs unless `constants` names an FP8 flag value.
+    SCORE_MOD is a variant's name (triton_src/variants.py)."""
     import fattn
 
+    if "SCORE_MOD" in constants:
+        constants = dict(constants, SCORE_MOD=score_mod(constants["SCORE_MOD"]))
     fp8 = constants.get("FP8", 0)
     return [e for e in fattn.build_info()["kernels"]
             if e["function"] == function and e["arch"] == 90 and e["dtype"] == "bf16"

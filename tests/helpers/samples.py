@@ -85,7 +85,7 @@ FORWARD_CASES = [
     ("dropout0.5-bias-window-sinks-segments", (2, 11, 11, 4, 2, 8), "contiguous", None, True,
      dict(dropout=0.5, bias="masked", window=(4, -1), sinks=True, segments=True)),
     # Rows of 16 keys, 32 bytes: a bias that TMA can read, which the Hopper kernels load so
-    # (SCORE_MOD 4: the forward in the 96 bucket, its dK/dV there and its dQ in the 128 one).
+    # (SCORE_MOD bias_tma: the forward in the 96 bucket, its dK/dV there and its dQ in the 128 one).
     ("bias-tma-rows-d72-dropout-alibi", (2, 24, 16, 4, 2, 72), "contiguous", None, False,
      dict(bias="full", dropout=0.2, alibi="heads")),
 ]

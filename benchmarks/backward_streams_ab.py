@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import triton  # noqa: E402
 
-import triton_src.python_launch as launch  # noqa: E402
-from aot_build.tune import Problem, graph_replay  # noqa: E402
 from common import interleaved_ms, write_ab_rows  # noqa: E402
 from hopper_backward_ab import _grid_variants, hopper_tiles, split_dkdv, split_dq  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
+import tuning.launch as launch  # noqa: E402
+from tuning.tune import Problem, graph_replay  # noqa: E402
 
 
 def main(argv=None) -> int:

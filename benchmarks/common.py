@@ -66,14 +66,13 @@ def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", gra
 
 def interleaved_ms(fns: dict, pairs: int, reps: int = 10) -> dict:
     """Median milliseconds per call of each callable in `fns`, timed in turn (A B A B ...) `pairs`
-    times, each sample the median of `reps` calls (aot_build.tune's timer); the figure is the
+    times, each sample the median of `reps` calls after one untimed call; the figure is the
     median over the samples, so clock drift touches every one alike. The A/B scripts' measure."""
-    from aot_build.tune import _time_ms
-
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     samples = {name: [] for name in fns}
     for _ in range(pairs):
         for name, fn in fns.items():
-            samples[name].append(_time_ms(fn, reps))
+            samples[name].append(time_ms(fn, warmup=1, reps=reps, device=device))
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -159,7 +158,7 @@ def device_info(device: str = "cuda") -> dict:
 
 
 def _optional_import(name: str):
-    """fattn runs without triton, and the tune scripts' JIT kernels without fattn: record what is there."""
+    """fattn runs without triton, and the tuners' JIT kernels without fattn: record what is there."""
     try:
         return __import__(name)
     except ImportError:
@@ -291,7 +290,7 @@ def print_table(headers, lines, title: str | None = None) -> None:
 
 
 def load_kernels(device: str) -> dict:
-    """triton_src.KERNELS, the specs through which the tune scripts launch the JIT kernels.
+    """triton_src.KERNELS, the specs through which the tuners launch the JIT kernels.
     On a CPU they run in Triton's interpreter (it needs numpy < 2.3). Triton picks the
     interpreter when a kernel is decorated, that is when triton_src is imported: hence the
     import here, after the environment is set, and not at the top of the scripts."""
@@ -310,7 +309,7 @@ def require_device(device: str, script: str) -> None:
         raise SystemExit(f"{script} needs a CUDA GPU here (for a CPU smoke run: --device cpu --quick)")
 
 
-# ----------------------------------------------------------------------------- decode data (bench_decode, tune_decode)
+# ----------------------------------------------------------------------------- decode data (bench_decode, tuning/tune_decode)
 
 
 def paginate(kv, page_size):

@@ -1,5 +1,5 @@
 """The Hopper dK/dV (triton_src/backward_sm90.py) against attn_bwd_dkdv (triton_src/backward.py)
-on the same inputs, both through Triton's JIT (triton_src/python_launch.py), interleaved: the
+on the same inputs, both through Triton's JIT (tuning/launch.py), interleaved: the
 measurement behind configs.json's choice of where the Gluon kernel replaces attn_bwd_dkdv on sm_90
 (the method of benchmarks/hopper_forward_ab.py).
 
@@ -43,13 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 import triton  # noqa: E402
 
-import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
-from aot_build.tune import Problem, current_config  # noqa: E402
 from common import alibi_slopes, interleaved_ms, write_ab_rows  # noqa: E402
 from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ  # noqa: E402
 from triton_src.backward_dq_sm90 import ATTN_BWD_DQ_SM90  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
+import tuning.launch as launch  # noqa: E402
+from tuning.tune import Problem, current_config  # noqa: E402
 
 
 def _grid_variants(bucket: int, score_mod: int, accumulate_dq: bool) -> list:

@@ -1,5 +1,5 @@
 """The Hopper forward (triton_src/forward_sm90.py) against attn_fwd (triton_src/forward.py) on the
-same inputs, both through Triton's JIT (triton_src/python_launch.py), interleaved: the measurement
+same inputs, both through Triton's JIT (tuning/launch.py), interleaved: the measurement
 behind configs.json's choice of where the Gluon kernel replaces attn_fwd on sm_90.
 
     python benchmarks/hopper_forward_ab.py [--head-dims 128,256] [--out hopper_forward_ab.json]
@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 import triton  # noqa: E402
 
-import triton_src.python_launch as launch  # noqa: E402
 from aot_build import grid  # noqa: E402
-from aot_build.tune import Problem, current_config  # noqa: E402
 from common import interleaved_ms, write_ab_rows  # noqa: E402
 from triton_src.forward import ATTN_FWD  # noqa: E402
 from triton_src.forward_sm90 import ATTN_FWD_SM90  # noqa: E402
+import tuning.launch as launch  # noqa: E402
+from tuning.tune import Problem, current_config  # noqa: E402
 
 
 def _hopper_tiles(bucket: int, block_n: int | None) -> launch.Tiles:

@@ -1,6 +1,6 @@
 """What the padded head-dim code costs a head dim that fills its bucket: the attention kernels
 with PAD_D=1 (every head-dim load and store masked by head_dim) against the exact-dim code
-(PAD_D=0), both at head_dim == BLOCK_D, through Triton's JIT (triton_src/python_launch.py).
+(PAD_D=0), both at head_dim == BLOCK_D, through Triton's JIT (tuning/launch.py).
 
     python benchmarks/padded_code_cost.py [--out padded_code_cost.json]
 
@@ -25,15 +25,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import triton_src.python_launch as launch  # noqa: E402
-from aot_build.tune import Problem, current_config  # noqa: E402
 from common import interleaved_ms, write_ab_rows  # noqa: E402
+import tuning.launch as launch  # noqa: E402
+from tuning.tune import Problem, current_config  # noqa: E402
 
 _exact_shape = launch._shape
 
 
 def _with_pad_d(pad: bool):
-    """python_launch's shape arguments with PAD_D forced on (pad) or left as the head dim says."""
+    """tuning/launch.py's shape arguments with PAD_D forced on (pad) or left as the head dim says."""
     def shape(q, k, seqlen_q, seqlen_k):
         sizes, constants = _exact_shape(q, k, seqlen_q, seqlen_k)
         return sizes, dict(constants, PAD_D=pad or constants["PAD_D"])
@@ -41,7 +41,7 @@ def _with_pad_d(pad: bool):
 
 
 def _padded(pad: bool, fn):
-    """fn with python_launch's shape arguments set to the padded (pad) or exact-dim code first."""
+    """fn with tuning/launch.py's shape arguments set to the padded (pad) or exact-dim code first."""
     def run():
         launch._shape = _with_pad_d(pad)
         return fn()

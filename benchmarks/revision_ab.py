@@ -6,11 +6,13 @@ is adopted (the `jit_ab*.log` files under benchmarks/results/, docs/notes/tuning
     python benchmarks/revision_ab.py --base HEAD --kernel dq --head-dims 128 --softcap 30
     python benchmarks/revision_ab.py --base HEAD~2 --kernel forward --head-dims 128 --programs 4
 
-The base revision's triton_src is taken out of git (`git archive`), or out of a tar file that
-`git archive --format=tar REV triton_src` wrote (`--base base.tar`, for a copy of the tree without
-its history), into a temporary package, triton_src_base, imported beside the working tree's
-triton_src; each side launches its own kernel through its own triton_src/python_launch.py, so the
-base must be a revision whose launch helpers take the calls below (`spec=`, `accumulate_dq=`, `programs=`).
+The base revision's triton_src and its launcher, tuning/launch.py, are taken out of git (`git
+archive`), or out of a tar file that `git archive --format=tar REV triton_src tuning/launch.py`
+wrote (`--base base.tar`, for a copy of the tree without its history), into a temporary package,
+triton_src_base, imported beside the working tree's triton_src; each side launches its own kernel
+through its own launcher (a revision from before the launcher left triton_src has it there, as
+triton_src/python_launch.py, which is taken instead), so the base must be a revision whose launch
+helpers take the calls below (`spec=`, `accumulate_dq=`, `programs=`).
 
 Kernels: forward (attn_fwd_sm90; --programs per (head, batch), default the op's model),
 dkdv (attn_bwd_dkdv_sm90; --accumulate-dq for deterministic=False's form), dq (attn_bwd_dq_sm90),
@@ -33,11 +35,14 @@ import argparse
 import importlib
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -47,12 +52,15 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 
 import triton_src  # noqa: E402
-import triton_src.python_launch  # noqa: E402,F401  (the tree's side: triton_src.python_launch)
-from aot_build.tune import Problem  # noqa: E402
+import tuning.launch  # noqa: E402
 from aot_build import grid  # noqa: E402
 from common import alibi_slopes, int_list, interleaved_ms, write_ab_rows  # noqa: E402
+from tuning.tune import Problem  # noqa: E402
 
 PACKAGE = "triton_src_base"
+LAUNCHER = "tuning/launch.py"
+# Where a revision from before tuning/ has its launcher: inside the kernels' package.
+OLD_LAUNCHER_MODULE = "python_launch"
 # Products of each kernel in units of the forward's two (QK^T and PV).
 WORK = {"forward": 1.0, "dkdv": 2.0, "dkdv_dq": 2.5, "dq": 1.5}
 # Each kernel's family in the grid, its Hopper implementation, and the outputs its launch helper returns.
@@ -61,33 +69,56 @@ IMPLEMENTATION = {"forward": "attn_fwd_sm90", "dkdv": "attn_bwd_dkdv_sm90", "dq"
 OUTPUTS = {"forward": ("out", "lse"), "dkdv": ("dk", "dv"), "dkdv_dq": ("dk", "dv", "dq"), "dq": ("dq",)}
 
 
+@dataclass(frozen=True)
+class Side:
+    """One side of the comparison: its kernels (a triton_src package) and the launcher that launches them."""
+
+    kernels: ModuleType
+    launch: ModuleType
+
+
 def revision_tar(rev: str) -> bytes:
-    """triton_src of `rev` as a tar: the file `rev` names if it is one, else `git archive`'s."""
+    """triton_src and the launcher of `rev` as a tar: the file `rev` names if it is one, else `git
+    archive`'s (triton_src alone for a revision from before tuning/, whose launcher is inside it)."""
     if rev.endswith(".tar") and Path(rev).is_file():
         return Path(rev).read_bytes()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "triton_src"],
-                             capture_output=True, check=False)
-    if archive.returncode != 0:
-        raise SystemExit(f"revision_ab: git archive {rev} triton_src failed: {archive.stderr.decode().strip()}")
-    return archive.stdout
+    for paths in (["triton_src", LAUNCHER], ["triton_src"]):
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, *paths],
+                                 capture_output=True, check=False)
+        if archive.returncode == 0:
+            return archive.stdout
+    raise SystemExit(f"revision_ab: git archive {rev} triton_src failed: {archive.stderr.decode().strip()}")
 
 
-def load_revision(rev: str, directory: Path):
+def load_revision(rev: str, directory: Path) -> Side:
     """triton_src as git revision `rev` (or the tar file `rev`) has it, imported from `directory` as
     the package triton_src_base (its modules import each other relatively, so the copy is
-    self-contained)."""
+    self-contained), with that revision's launcher: tuning/launch.py, put into the package with
+    its triton_src imports naming the copy, or the copy's own python_launch.py before tuning/."""
+    launcher = None
     with tarfile.open(fileobj=io.BytesIO(revision_tar(rev))) as tar:
         for member in tar.getmembers():
-            if member.isfile():
+            if not member.isfile():
+                continue
+            source = tar.extractfile(member).read()
+            if member.name == LAUNCHER:
+                launcher = "_tuning_launch"
+                target = directory / PACKAGE / f"{launcher}.py"
+                source = re.sub(rb"\btriton_src\b", PACKAGE.encode(), source)
+            elif Path(member.name).parts[0] == "triton_src":
                 target = directory / PACKAGE / Path(member.name).relative_to("triton_src")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(member).read())
+            else:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source)
+    launcher = launcher or OLD_LAUNCHER_MODULE
+    if not (directory / PACKAGE / f"{launcher}.py").is_file():
+        raise SystemExit(f"revision_ab: {rev} holds neither {LAUNCHER} nor triton_src/{OLD_LAUNCHER_MODULE}.py "
+                         f"(a tar needs both: git archive --format=tar REV triton_src {LAUNCHER})")
     sys.path.insert(0, str(directory))
     for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
         del sys.modules[name]
-    package = importlib.import_module(PACKAGE)
-    importlib.import_module(PACKAGE + ".python_launch")
-    return package
+    return Side(importlib.import_module(PACKAGE), importlib.import_module(f"{PACKAGE}.{launcher}"))
 
 
 def op_programs(tiles: int, pairs: int, heavy_first: bool, sms: int) -> int:
@@ -122,19 +153,19 @@ def grid_tiles(kernel: str, head_dim: int, score_mod: int, accumulate_dq: bool) 
 
 def kernel_call(side, kernel: str, p, tiles, causal: bool, softcap: float, accumulate_dq: bool,
                 programs: int | None, alibi: torch.Tensor | None = None):
-    """A callable launching `kernel` as `side` (triton_src or the base package) has it. The spec
-    and launch helper are looked up here, so a side without them fails before anything runs."""
-    launch = side.python_launch
+    """A callable launching `kernel` as `side` (the working tree's or the base revision's) has it. The
+    spec and launch helper are looked up here, so a side without them fails before anything runs."""
+    launch, kernels = side.launch, side.kernels
     variant = launch.Variant(causal=causal, softcap=softcap, alibi=alibi)
     tiles = launch.Tiles(*tiles)
     if kernel == "forward":
-        spec, forward = side.forward_sm90.ATTN_FWD_SM90, launch.forward
+        spec, forward = kernels.forward_sm90.ATTN_FWD_SM90, launch.forward
         return lambda: forward(p.q, p.k, p.v, tiles, variant, spec=spec, programs=programs)
     grads = (p.q, p.k, p.v, p.dout, p.lse, p.delta)
     if kernel == "dkdv":
-        spec, backward_dkdv = side.backward_sm90.ATTN_BWD_DKDV_SM90, launch.backward_dkdv
+        spec, backward_dkdv = kernels.backward_sm90.ATTN_BWD_DKDV_SM90, launch.backward_dkdv
         return lambda: backward_dkdv(*grads, tiles, variant, spec=spec, accumulate_dq=accumulate_dq)
-    spec, backward_dq = side.backward_dq_sm90.ATTN_BWD_DQ_SM90, launch.backward_dq
+    spec, backward_dq = kernels.backward_dq_sm90.ATTN_BWD_DQ_SM90, launch.backward_dq
     return lambda: backward_dq(*grads, tiles, variant, spec=spec)
 
 
@@ -152,7 +183,7 @@ def compare(a, b, names) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD), "
-                        "or a tar of its triton_src from `git archive` (a name ending in .tar)")
+                        "or a tar of its triton_src and tuning/launch.py from `git archive` (a name ending in .tar)")
     parser.add_argument("--kernel", choices=("forward", "dkdv", "dq"), default="dkdv")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,4096,16384")
@@ -181,7 +212,7 @@ def main(argv=None) -> int:
     kind = "dkdv_dq" if args.kernel == "dkdv" and args.accumulate_dq else args.kernel
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        base = load_revision(args.base, Path(directory))
+        base, tree = load_revision(args.base, Path(directory)), Side(triton_src, tuning.launch)
         for d in head_dims:
             heads = 2048 // d
             slopes = alibi_slopes(heads, "cuda") if args.alibi else None
@@ -198,7 +229,7 @@ def main(argv=None) -> int:
                         flags["accumulate_dq"] = args.accumulate_dq
                     calls = {name: kernel_call(side, args.kernel, p, tiles[d], causal, args.softcap,
                                                args.accumulate_dq, flags.get("programs"), slopes)
-                             for name, side in (("base", base), ("tree", triton_src))}
+                             for name, side in (("base", base), ("tree", tree))}
                     outputs = compare(calls["base"](), calls["tree"](), OUTPUTS[kind])
                     ms = interleaved_ms(calls, args.pairs)
                     row = {"kernel": args.kernel, "head_dim": d, "seqlen": seqlen, "causal": causal,

@@ -6,7 +6,7 @@ TRITON_INTERPRET when the kernels are decorated.
 Dense cases compare with fattn::forward/backward (the bias cases also dbias; the dropout cases
 draw the same keep-mask from the same seed on both sides), packed (varlen) cases, random sequence
 lengths with and without seqused_k, with fattn::varlen_forward/varlen_backward. The
-launches are triton_src/python_launch.py's, which mirror csrc/attention/forward_cuda.cpp and
+launches are tuning/launch.py's, which mirror csrc/attention/forward_cuda.cpp and
 backward_cuda.cpp through the kernels' specs.
 Prints one JSON line per case with the largest errors of out, lse, dq, dk and dv.
 """
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import fattn  # noqa: E402,F401  (loads the library: the CPU ops are the reference)
 
-from triton_src.python_launch import (  # noqa: E402
+from tuning.launch import (  # noqa: E402
     Packing, Tiles, Variant, backward_dkdv, backward_dq, backward_preprocess, forward,
 )
 

@@ -2,7 +2,7 @@
 and compares them with fattn's CPU decode op. Invoked by test_decode_kernels_interpreted.py in a
 fresh process, because Triton reads TRITON_INTERPRET when the kernels are decorated.
 
-The launches are triton_src/python_launch.py's decode, which mirrors csrc/ops/decode_cuda.cpp
+The launches are tuning/launch.py's decode, which mirrors csrc/ops/decode_cuda.cpp
 through the kernels' specs. Prints one JSON line per case:
 {"case": ..., "out_err": ..., "lse_err": ..., "lse_pattern": ..., "cache_ok": ..., "cache_err": ...}.
 """
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import fattn  # noqa: E402,F401  (loads the library: the CPU op is the reference)
 
-from triton_src.python_launch import DecodeTiles, Rotary, Variant, decode  # noqa: E402
+from tuning.launch import DecodeTiles, Rotary, Variant, decode  # noqa: E402
 
 # Small tiles: several key tiles, row tiles and merge chunks. The interpreter runs each
 # program as one thread: warps and stages cannot change a result.

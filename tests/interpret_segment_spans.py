@@ -1,5 +1,5 @@
 """Runs triton_src/segments.py's segment_spans in Triton's interpreter (TRITON_INTERPRET=1, CPU)
-against a direct search, through triton_src/python_launch.py's launch (the one the op mirrors).
+against a direct search, through tuning/launch.py's launch (the one the op mirrors).
 Invoked by test_segment_spans_interpreted.py in a fresh process. Prints one JSON line per case:
 the spans' mismatches and how many tiles found no position."""
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from triton_src.python_launch import Variant  # noqa: E402
+from tuning.launch import Variant  # noqa: E402
 
 
 def expected(own, other, tile):

@@ -165,7 +165,7 @@ def test_tuned_tiles_fill_the_grid_and_may_not_repeat_configs_json(tmp_path):
 
 
 def test_tuned_tile_loop_crossovers_reach_the_kernel_table(tmp_path):
-    # tune_tile_loop.py's crossovers (tuned/sm<arch>.json "tile_loop") go through load_config to
+    # tuning/tune_tile_loop.py's crossovers (aot_build/tuned/sm<arch>.json "tile_loop") go through load_config to
     # the table's TileLoopRows, one per (arch, bucket); only a family with a TILE_LOOP flag takes them.
     from aot_build import emit
 
@@ -183,14 +183,14 @@ def test_tuned_tile_loop_crossovers_reach_the_kernel_table(tmp_path):
     with pytest.raises(grid.GridError, match="attn_bwd_dq, which has no TILE_LOOP flag"):
         grid.load_config(tuned_dir=tmp_path)
     # The shipped file has a row for every bucket the grid builds both ways on sm_90.
-    from aot_build.tune_tile_loop import buckets_built_both_ways
+    from tuning.tune_tile_loop import buckets_built_both_ways
 
     shipped = grid.load_config()
     assert sorted(int(b) for b in shipped["tile_loop"]["90"]["attn_fwd"]) == buckets_built_both_ways(90) == [64, 128]
 
 
 def test_the_tile_loop_crossover_rule():
-    from aot_build.tune_tile_loop import NEVER, crossover
+    from tuning.tune_tile_loop import NEVER, crossover
 
     # Faster from 4096 on: between the last length it lost at and that one (geometric mean,
     # rounded up to a multiple of 64); faster everywhere: from the first row; slower at the

@@ -184,13 +184,13 @@ def test_every_implementation_keeps_its_familys_contract():
 
 
 def test_the_python_launch_gives_fewer_programs_only_to_kernels_that_loop():
-    # python_launch.forward's `programs` shortens the grid's first axis; a kernel whose programs
+    # tuning/launch.py's forward: `programs` shortens the grid's first axis; a kernel whose programs
     # run one query tile each would leave the others unwritten, so it is refused before a launch.
     import torch
 
-    from triton_src import python_launch as launch
     from triton_src.forward import ATTN_FWD
     from triton_src.forward_sm90 import ATTN_FWD_SM90
+    from tuning import launch
 
     q = torch.zeros(1, 256, 2, 64)
     tiles = launch.Tiles(128, 128, 4, 1)

@@ -86,7 +86,7 @@ def test_module_load_counts_are_exported_and_zero_without_cuda_calls():
 
 
 def test_the_forward_picks_its_looping_kernel_by_the_tuned_crossovers():
-    # The op's rule (csrc/attention/query_tile_programs.h) reads the crossovers aot_build/tune_tile_loop.py
+    # The op's rule (csrc/attention/query_tile_programs.h) reads the crossovers tuning/tune_tile_loop.py
     # wrote into aot_build/tuned/sm<arch>.json, through the kernel table: each flips at its row.
     from fattn import _library as library
 
@@ -97,7 +97,7 @@ def test_the_forward_picks_its_looping_kernel_by_the_tuned_crossovers():
             tuned[(data["arch"], int(bucket))] = entry
     assert tuned, "no tuned TILE_LOOP crossovers"
     assert {(r["arch"], r["bucket"]) for r in fattn.build_info()["tile_loop"]} == set(tuned)
-    from aot_build.tune_tile_loop import NEVER as never
+    from tuning.tune_tile_loop import NEVER as never
 
     for (arch, bucket), entry in tuned.items():
         for right_edge, key in ((False, "from_rows"), (True, "from_rows_right_edge")):

@@ -15,11 +15,12 @@ pytestmark = pytest.mark.slow  # the slow tier (-m slow): runs the benchmark and
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("script", ["tune_decode", "bench_variants", "bench_chunked_prefill"])
+@pytest.mark.parametrize("script", ["tuning.tune_decode", "bench_variants", "bench_chunked_prefill"])
 def test_quick_run_times_every_case(script, tmp_path):
     out = tmp_path / "result.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--device", "cpu", "--quick",
-                             "--out", str(out)], capture_output=True, text=True, timeout=900)
+    command = ["-m", script] if script.startswith("tuning.") else [str(ROOT / "benchmarks" / f"{script}.py")]
+    result = subprocess.run([sys.executable, *command, "--device", "cpu", "--quick", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert rows
@@ -43,9 +44,8 @@ def test_tune_decode_times_fp8_caches(tmp_path):
     # --kv-dtype e4m3: FP8 caches (paged through a byte view), each config checked against the
     # reference of the same FP8 values before it is timed; a wrong one is recorded without a time.
     out = tmp_path / "result.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tune_decode.py"), "--device", "cpu",
-                             "--quick", "--kv-dtype", "e4m3", "--out", str(out)],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, "-m", "tuning.tune_decode", "--device", "cpu", "--quick", "--kv-dtype",
+                             "e4m3", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert {(r["paged"], r["num_splits"]) for r in rows} == {(p, s) for p in (False, True) for s in (1, 3)}
@@ -53,10 +53,10 @@ def test_tune_decode_times_fp8_caches(tmp_path):
 
 
 def test_tuner_smoke_run_chooses_a_checked_config_per_kernel(tmp_path):
-    # aot_build/tune.py under the interpreter: every kernel gets a chosen config that passed the
+    # tuning/tune.py under the interpreter: every kernel gets a chosen config that passed the
     # accuracy check and has timings (test_aot_build.py checks how the grid reads such a file).
     out = tmp_path / "sm0.json"
-    result = subprocess.run([sys.executable, "-m", "aot_build.tune", "--device", "cpu", "--out", str(out)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "tuning.tune", "--device", "cpu", "--out", str(out)], cwd=ROOT,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -180,27 +180,31 @@ def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
 
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):
     # The base side is triton_src as git has it at a revision, a package of its own beside the
-    # working tree's: its launch helpers and the three Hopper specs, from its own files, from
-    # which each kernel's call is put together before anything runs.
+    # working tree's, with that revision's tuning/launch.py bound to it: its launch helpers and the
+    # three Hopper specs, from its own files, from which each kernel's call is put together before
+    # anything runs.
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("not a git checkout: no revision to take triton_src from")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from types import SimpleNamespace
 
-    from revision_ab import PACKAGE, kernel_call, load_revision
+    from revision_ab import PACKAGE, Side, kernel_call, load_revision
 
     import triton_src
+    import tuning.launch
 
     problem = SimpleNamespace(q=None, k=None, v=None, dout=None, lse=None, delta=None)
     try:
         base = load_revision("HEAD", tmp_path)
-        assert base.__name__ == PACKAGE and Path(base.__file__).is_relative_to(tmp_path)
-        assert Path(base.python_launch.__file__).is_relative_to(tmp_path)
-        assert base.python_launch.backward_dkdv is not triton_src.python_launch.backward_dkdv
-        assert {s.name for s in base.IMPLEMENTATIONS.values()} == {s.name for s in triton_src.IMPLEMENTATIONS.values()}
+        assert base.kernels.__name__ == PACKAGE and Path(base.kernels.__file__).is_relative_to(tmp_path)
+        assert Path(base.launch.__file__).is_relative_to(tmp_path)
+        assert base.launch.backward_dkdv is not tuning.launch.backward_dkdv
+        assert base.launch.ATTN_FWD is base.kernels.forward.ATTN_FWD  # the launcher drives the copy's kernels
+        assert ({s.name for s in base.kernels.IMPLEMENTATIONS.values()}
+                == {s.name for s in triton_src.IMPLEMENTATIONS.values()})
         for kernel in ("forward", "dkdv", "dq"):
             assert callable(kernel_call(base, kernel, problem, (128, 64, 4, 1), True, 0.0, False, 2))
-        without_specs = SimpleNamespace(python_launch=base.python_launch)
+        without_specs = Side(kernels=SimpleNamespace(), launch=base.launch)
         for kernel in ("forward", "dkdv", "dq"):
             with pytest.raises(AttributeError):
                 kernel_call(without_specs, kernel, problem, (128, 64, 4, 1), True, 0.0, False, 2)
@@ -208,11 +212,13 @@ def test_revision_ab_imports_another_revisions_kernels(tmp_path):
             load_revision("no-such-revision", tmp_path / "other")
         # A copy without git history takes the same files from a tar that git archive wrote.
         tar = tmp_path / "base.tar"
-        tar.write_bytes(subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD", "triton_src"],
-                                       capture_output=True, check=True).stdout)
+        tar.write_bytes(subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD", "triton_src",
+                                        "tuning/launch.py"], capture_output=True, check=True).stdout)
         from_tar = load_revision(str(tar), tmp_path / "from_tar")
-        assert Path(from_tar.__file__).is_relative_to(tmp_path / "from_tar")
-        assert {s.name for s in from_tar.IMPLEMENTATIONS.values()} == {s.name for s in triton_src.IMPLEMENTATIONS.values()}
+        assert Path(from_tar.kernels.__file__).is_relative_to(tmp_path / "from_tar")
+        assert Path(from_tar.launch.__file__).is_relative_to(tmp_path / "from_tar")
+        assert ({s.name for s in from_tar.kernels.IMPLEMENTATIONS.values()}
+                == {s.name for s in triton_src.IMPLEMENTATIONS.values()})
     finally:
         for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
             del sys.modules[name]
@@ -281,7 +287,7 @@ def test_interleaved_timing_alternates_the_callables():
     calls = []
     ms = interleaved_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, pairs=3, reps=2)
     assert set(ms) == {"a", "b"} and all(t >= 0 for t in ms.values())
-    # _time_ms runs one untimed call and `reps` timed ones per sample: runs of 3, alternating.
+    # Each sample is one untimed call and `reps` timed ones: runs of 3, alternating.
     assert calls == (["a"] * 3 + ["b"] * 3) * 3
 
 

@@ -1,8 +1,8 @@
 """Tile-config and split-count search for the decode kernel, with Triton's JIT on the GPU machine.
 
-    python benchmarks/tune_decode.py --out decode_tune.json
-    python benchmarks/tune_decode.py --kv-dtype e4m3 --configs 128:8:3,128:4:3 --out fp8_tune.json
-    python benchmarks/tune_decode.py --device cpu --quick      # Triton's interpreter, tiny shapes
+    python -m tuning.tune_decode --out decode_tune.json
+    python -m tuning.tune_decode --kv-dtype e4m3 --configs 128:8:3,128:4:3 --out fp8_tune.json
+    python -m tuning.tune_decode --device cpu --quick      # Triton's interpreter, tiny shapes
 
 Times candidate (BLOCK_N, num_warps, num_stages) x num_splits of triton_src's
 attn_decode_split (+ attn_decode_merge), launched through their specs, on the decode
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from common import (Results, decode_reference, int_list, load_kernels, paginate, print_table,  # noqa: E402
                     require_device, short_error, time_ms)
 
@@ -35,7 +35,7 @@ BLOCK_M, BLOCK_S = 16, 16  # the row tile and the merge's chunk, as aot_build/co
 
 def decode(q, k_cache, v_cache, seqlens, table, splits, cfg):
     """One decode step as the library's op launches it: split-K, then the merge of the splits."""
-    from triton_src.python_launch import DecodeTiles, decode  # after load_kernels: the JIT or the interpreter
+    from tuning.launch import DecodeTiles, decode  # after load_kernels: the JIT or the interpreter
 
     block_n, warps, stages = cfg
     tiles = DecodeTiles(block_m=BLOCK_M, block_n=block_n, block_s=BLOCK_S, num_warps=warps, num_stages=stages)
@@ -43,7 +43,8 @@ def decode(q, k_cache, v_cache, seqlens, table, splits, cfg):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tuning.tune_decode", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="1x8192,1x131072,8x65536", help="batch x context, comma separated")
     parser.add_argument("--page-size", type=int, default=256)
     parser.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bf16",
@@ -55,7 +56,7 @@ def parse_args(argv=None):
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="one tiny case, one config: a smoke run")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (results schema of common.py)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (results schema of benchmarks/common.py)")
     args = parser.parse_args(argv)
     if args.quick:
         args.cases, args.page_size, args.configs, args.splits, args.copies, args.reps = \

@@ -1,4 +1,4 @@
-"""python -m aot_build.tune_tile_loop [--buckets 64,128] [--seqlens 512,...,16384] [--out FILE]
+"""python -m tuning.tune_tile_loop [--buckets 64,128] [--seqlens 512,...,16384] [--out FILE]
 
 The offline tuner's choice between implementations by length: where the grid builds attn_fwd both
 ways for a bucket on this GPU's arch (TILE_LOOP false: attn_fwd, one query tile per program;
@@ -10,12 +10,12 @@ kernel ran faster, without and with a right edge, into aot_build/tuned/sm<arch>.
 (csrc/attention/query_tile_programs.h); one compiled variant of each serves every length, so this
 is the one choice the op makes by length.
 
-How: both kernels through Triton's JIT with the tiles the grid builds (tuned/sm<arch>.json and
+How: both kernels through Triton's JIT with the tiles the grid builds (aot_build/tuned/sm<arch>.json and
 configs.json's "implementations"), the looping one with the programs per (head, batch) the op
 would give it (fattn's own rule, through the built library: build it first). Each is captured
 in a CUDA graph and replayed, so that the JIT's host time does not count (the library's launches
 cost far less), the two alternating --pairs times. Before timing, each must hold the accuracy
-rule (aot_build/tune.py's: within 2x of PyTorch's own bf16 error against float64, causal and
+rule (tuning/tune.py's: within 2x of PyTorch's own bf16 error against float64, causal and
 not, ragged lengths and GQA). Shapes: bf16, --tokens per step, heads = --hidden / head dim.
 
 The crossover: the shortest measured length from which the looping kernel was faster at that
@@ -32,7 +32,7 @@ import json
 import math
 from pathlib import Path
 
-from .tune import TUNED_DIR, Problem, _max_err, accuracy_checks, current_config, graph_replay, read_tuned
+from tuning.tune import TUNED_DIR, Problem, _max_err, accuracy_checks, current_config, graph_replay, read_tuned
 
 NEVER = 1 << 62
 
@@ -55,7 +55,7 @@ def crossover(rows: list[tuple[int, float]]) -> int:
 def buckets_built_both_ways(arch: int) -> list[int]:
     """attn_fwd's buckets that the grid builds for `arch`, without score modifications, both as
     attn_fwd (TILE_LOOP false) and as its looping implementation (TILE_LOOP true)."""
-    from . import grid
+    from aot_build import grid
 
     ways: dict[int, set] = {}
     for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch)}):
@@ -66,8 +66,8 @@ def buckets_built_both_ways(arch: int) -> list[int]:
 
 
 def _looping_tiles(arch: int, bucket: int):
-    from . import grid
-    from triton_src.python_launch import Tiles
+    from aot_build import grid
+    from tuning.launch import Tiles
 
     for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch), "FATTN_HEAD_DIMS": str(bucket)}):
         c = v.constant_dict
@@ -81,9 +81,8 @@ def measure_bucket(arch: int, bucket: int, seqlens, tokens: int, hidden: int, pa
     import torch
 
     import fattn._library as library
-    from triton_src import python_launch as launch
-
-    from .signatures import kernel_spec
+    from aot_build.signatures import kernel_spec
+    from tuning import launch
 
     one_tile = launch.Tiles(*current_config("attn_fwd", arch, bucket))
     implementation, looping = _looping_tiles(arch, bucket)
@@ -154,7 +153,7 @@ def merge(path: Path, arch: int, found: dict, meta: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aot_build.tune_tile_loop", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tuning.tune_tile_loop", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--buckets", default=None, help="default: every bucket the grid builds both ways")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
@@ -184,9 +183,9 @@ def main(argv=None) -> int:
     out = args.out or TUNED_DIR / f"sm{arch}.json"
     merge(out, arch, found, meta)
     for b, entry in found.items():
-        print(f"aot_build.tune_tile_loop: d{b} from {entry['from_rows']} rows, {entry['from_rows_right_edge']} "
+        print(f"tuning.tune_tile_loop: d{b} from {entry['from_rows']} rows, {entry['from_rows_right_edge']} "
               "with a right edge")
-    print(f"aot_build.tune_tile_loop: wrote {out}")
+    print(f"tuning.tune_tile_loop: wrote {out}")
     return 0
 
 

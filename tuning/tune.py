@@ -1,5 +1,5 @@
-"""python -m aot_build.tune [--head-dims 64,128] [--kernels attn_fwd,attn_bwd_dkdv,attn_bwd_dq] [--out FILE]
-python -m aot_build.tune --device cpu --out /tmp/x.json   # Triton's interpreter, tiny shapes: a smoke run
+"""python -m tuning.tune [--head-dims 64,128] [--kernels attn_fwd,attn_bwd_dkdv,attn_bwd_dq] [--out FILE]
+python -m tuning.tune --device cpu --out sm0.json   # Triton's interpreter, tiny shapes: a smoke run
 
 The offline tuner, run on a GPU machine with Triton: for each kernel and head-dim bucket it
 compiles every candidate tile config (BLOCK_M, BLOCK_N, num_warps, num_stages) of the very
@@ -14,7 +14,7 @@ output (out; dk and dv; dq) is within 2x the error of PyTorch's own bf16 computa
 float64, causal and not; and the timed shapes' outputs are finite.
 
 Where the grid builds a bucket's forward both ways (attn_fwd and its looping implementation), the
-length that picks between them is tuned by aot_build/tune_tile_loop.py, into the same file.
+length that picks between them is tuned by tuning/tune_tile_loop.py, into the same file.
 
 The result goes to aot_build/tuned/sm<arch>.json (merged into an existing file of that arch):
 the chosen config of each (kernel, bucket) with every candidate's measurements beside it.
@@ -34,9 +34,12 @@ import datetime
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
-TUNED_DIR = Path(__file__).with_name("tuned")
+from aot_build.grid import TUNED_DIR
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates per kernel, the sm90 neighbourhood of
 # the tiles that won earlier searches.
@@ -72,26 +75,15 @@ WORK = {"attn_fwd": 1.0, "attn_bwd_dkdv": 2.0, "attn_bwd_dq": 1.5}
 
 
 def _time_ms(fn, reps: int) -> float:
-    import time
-
+    """Median ms of `reps` calls after one untimed call: benchmarks/common.py's timer, the one
+    every benchmark and tuner shares (CUDA events on a GPU, the wall clock under the interpreter)."""
     import torch
 
-    fn()
-    if not torch.cuda.is_available():
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - start) * 1e3 / reps
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    from common import time_ms
+
+    return time_ms(fn, warmup=1, reps=reps, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def graph_replay(fn):
@@ -129,14 +121,14 @@ class Problem:
         self.flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
 
     def prepare_backward(self):
-        from triton_src.python_launch import Tiles, Variant, forward
+        from tuning.launch import Tiles, Variant, forward
 
         out, self.lse = forward(self.q, self.k, self.v, Tiles(64, 64, 4, 2), Variant(causal=self.causal))
         self.delta = (out.float() * self.dout.float()).sum(-1).transpose(1, 2).contiguous()
 
     def run(self, kernel, cfg):
         """The kernel's outputs with tiles `cfg`: (out,), (dk, dv) or (dq,)."""
-        from triton_src.python_launch import Tiles, Variant, backward_dkdv, backward_dq, forward
+        from tuning.launch import Tiles, Variant, backward_dkdv, backward_dq, forward
 
         tiles, variant = Tiles(*cfg), Variant(causal=self.causal)
         if kernel == "attn_fwd":
@@ -213,7 +205,7 @@ def evaluate(kernel, cfg, checks, timed, reps):
 
 def current_config(kernel, arch, bucket):
     """The (BLOCK_M, BLOCK_N, num_warps, num_stages) the grid builds today, or None."""
-    from . import grid
+    from aot_build import grid
 
     try:
         tile = grid.tile_config(kernel, grid.load_config(), arch, bucket)
@@ -250,7 +242,7 @@ def tune(kernels, head_dims, seqlens, tokens, hidden, reps, arch, candidates=Non
                     torch.cuda.empty_cache()
             passed = [r for r in rows if "score_tflops" in r]
             if not passed:
-                raise RuntimeError(f"aot_build.tune: every {kernel} d{d} candidate was rejected")
+                raise RuntimeError(f"tuning.tune: every {kernel} d{d} candidate was rejected")
             best = max(passed, key=lambda r: r["score_tflops"])
             found.setdefault(kernel, {})[str(d)] = {"chosen": best["config"], "score_tflops": best["score_tflops"],
                                                     "candidates": rows}
@@ -278,7 +270,7 @@ def merge(path: Path, arch: int, found: dict, meta: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aot_build.tune", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tuning.tune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", default=",".join(CANDIDATES))
     parser.add_argument("--head-dims", default="64,128", help="head-dim buckets to tune")
@@ -324,7 +316,7 @@ def main(argv=None) -> int:
                         f"timed outputs finite"}
     out = args.out or TUNED_DIR / f"sm{arch}.json"
     merge(out, arch, found, meta)
-    print(f"aot_build.tune: wrote {out}")
+    print(f"tuning.tune: wrote {out}")
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Launches the attention kernels from Python, through their specs (spec.py), with the
+"""Launches the attention kernels from Python, through their specs (triton_src/spec.py), with the
 arguments csrc/attention/forward_cuda.cpp and backward_cuda.cpp pass: for Triton's interpreter
-(tests/interpret_attention_kernels.py) and the JIT tile searches (benchmarks/tune_*.py).
+(tests/interpret_attention_kernels.py) and the JIT tile searches (tuning/tune*.py).
 
 The score encoding (qk_scale, softcap_log2) is csrc/attention/attention_variant.cpp's
 kernel_scores; the strides are csrc/attention/kernel_layout.h's row_strides and lse_strides.
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
-from .forward import ATTN_FWD
-from .segments import SEGMENT_SPANS
-from .spec import tensor_strides
+from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
+from triton_src.forward import ATTN_FWD
+from triton_src.segments import SEGMENT_SPANS
+from triton_src.spec import tensor_strides
 
 LOG2E = math.log2(math.e)
 
@@ -296,7 +296,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     kernel's WIDE flag (0 decoding tile; 1, 2 the chunked-prefill pass without / with the
     softcap and ALiBi code). An FP8 cache (float8_e4m3fn / float8_e5m2) runs the KV_FP8 variants
     with k_descale / v_descale (float32 [batch, kv_heads], None: 1)."""
-    from .decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND, ROTATE_QUERIES
+    from triton_src.decode import ATTN_DECODE_MERGE, ATTN_DECODE_SPLIT, KV_APPEND, ROTATE_QUERIES
 
     batch, seqlen_q, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]

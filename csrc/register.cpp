@@ -1,12 +1,10 @@
-// The operator schemas and their CUDA and CPU implementations.
+// The operator schemas. Each op's entry function, whose parameters follow its schema, is
+// defined and registered for the CUDA and CPU dispatch keys in its family's file:
+// attention/attention_ops.cpp, decode/decode_op.cpp, merge/merge_op.cpp.
 //
 // Fakes and autograd live beside each op family's Python wrapper in python/fattn,
-// registered with torch.library on import. FATTN_BOX is TORCH_BOX with errors rethrown
-// through the process's C++ runtime (runtime/host_exception.h says why).
+// registered with torch.library on import.
 #include <torch/csrc/stable/library.h>
-
-#include "ops.h"
-#include "runtime/host_exception.h"
 
 STABLE_TORCH_LIBRARY(fattn, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
@@ -38,22 +36,4 @@ STABLE_TORCH_LIBRARY(fattn, m) {
         "float softcap=0.0, bool rotary_interleaved=True, Tensor? alibi_slopes=None, int num_splits=0, "
         "Tensor? sinks=None, Tensor? k_descale=None, Tensor? v_descale=None) "
         "-> (Tensor out, Tensor lse)");
-}
-
-STABLE_TORCH_LIBRARY_IMPL(fattn, CUDA, m) {
-  m.impl("forward", FATTN_BOX(&fattn::forward_cuda));
-  m.impl("backward", FATTN_BOX(&fattn::backward_cuda));
-  m.impl("varlen_forward", FATTN_BOX(&fattn::varlen_forward_cuda));
-  m.impl("varlen_backward", FATTN_BOX(&fattn::varlen_backward_cuda));
-  m.impl("merge_attention_states", FATTN_BOX(&fattn::merge_cuda));
-  m.impl("decode", FATTN_BOX(&fattn::decode_cuda));
-}
-
-STABLE_TORCH_LIBRARY_IMPL(fattn, CPU, m) {
-  m.impl("forward", FATTN_BOX(&fattn::forward_cpu));
-  m.impl("backward", FATTN_BOX(&fattn::backward_cpu));
-  m.impl("varlen_forward", FATTN_BOX(&fattn::varlen_forward_cpu));
-  m.impl("varlen_backward", FATTN_BOX(&fattn::varlen_backward_cpu));
-  m.impl("merge_attention_states", FATTN_BOX(&fattn::merge_cpu));
-  m.impl("decode", FATTN_BOX(&fattn::decode_cpu));
 }

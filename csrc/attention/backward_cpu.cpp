@@ -1,5 +1,6 @@
-// fattn::backward and fattn::varlen_backward on CPU: the plain definition of the gradients,
-// in float64, one sequence at a time (sequence_spans.h).
+// fattn::backward and fattn::varlen_backward on CPU, their arguments already checked
+// (attention_ops.cpp): the plain definition of the gradients, in float64, one sequence at a
+// time (sequence_spans.h).
 //
 // P is recomputed from the saved lse (as the kernels do), so the gradient is that
 // of the forward that produced (out, lse). With S = scale * q k^T:
@@ -13,18 +14,17 @@
 #include <cmath>
 #include <vector>
 
-#include "attention/attention_variant.h"
+#include "attention/attention_impl.h"
 #include "attention/sequence_spans.h"
-#include "ops.h"
 
 namespace fattn {
-namespace {
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> gradients(const AttentionShape& s, const AttentionVariant& variant,
-                                             const SequenceSpans& spans, std::optional<double> softmax_scale,
-                                             const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
-                                             bool bias_grad) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_on_cpu(
+    const char* op, const AttentionShape& s, const AttentionVariant& variant, std::optional<double> softmax_scale,
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+    const std::optional<Tensor>& dlse, bool bias_grad, const std::optional<Tensor>& cu_seqlens_q,
+    const std::optional<Tensor>& cu_seqlens_k, const std::optional<Tensor>& seqused_k) {
+  const SequenceSpans spans = sequence_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
   const std::vector<ScoreMod> mods = score_mods(variant.softcap, variant.alibi_slopes, s.batch, s.heads);
   const CpuSegments segments = cpu_segments(variant, s);
   const CpuBias bias = cpu_bias(variant.bias);
@@ -87,36 +87,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> gradients(const AttentionShape& s, co
   const ScalarType dtype = q.scalar_type();
   return {torch::stable::to(dq, dtype), torch::stable::to(dk, dtype), torch::stable::to(dv, dtype),
           torch::stable::to(dbias, lse_dtype(dtype))};
-}
-
-}  // namespace
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(FATTN_BACKWARD_ARGS) {
-  (void)deterministic;  // the loops are always ordered
-  const char* op = "fattn.backward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
-                              q_segment_ids, kv_segment_ids);
-  add_alibi_offset(op, variant, s, alibi_offset);
-  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
-  check_bias_grad(op, bias, bias_grad);
-  return gradients(s, variant, dense_spans(s), softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad);
-}
-
-std::tuple<Tensor, Tensor, Tensor> varlen_backward_cpu(FATTN_VARLEN_BACKWARD_ARGS) {
-  (void)deterministic;
-  const char* op = "fattn.varlen_backward";
-  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               seqused_k, softmax_scale);
-  check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
-  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
-  const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
-  auto [dq, dk, dv, dbias] = gradients(s, variant, spans, softmax_scale, dout, q, k, v, out, lse, dlse, false);
-  return {dq, dk, dv};
 }
 
 }  // namespace fattn

@@ -1,4 +1,5 @@
-// fattn::backward and fattn::varlen_backward on CUDA: delta (preprocess), then dK/dV per key
+// fattn::backward and fattn::varlen_backward on CUDA, their arguments already checked
+// (attention_ops.cpp): delta (preprocess), then dK/dV per key
 // tile, then dQ per query tile. Three launches on one stream, no atomics: bitwise
 // reproducible. With deterministic=False (flash-attn's default) and where the build has it
 // (configs.json: the Hopper dK/dV at d64, and at d128 with softcap or ALiBi), the dK/dV pass
@@ -9,10 +10,9 @@
 
 #include <cstdint>
 
-#include "attention/attention_variant.h"
+#include "attention/attention_impl.h"
 #include "attention/kernel_layout.h"
 #include "attention/segment_spans.h"
-#include "ops.h"
 
 namespace fattn {
 namespace {
@@ -29,13 +29,14 @@ Tensor float32_contiguous(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : torch::stable::clone(c);
 }
 
+}  // namespace
+
 // bias_grad: also dS, the bias's unreduced gradient (dense layout only).
 std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
     const char* op, const AttentionShape& s, const AttentionVariant& variant, std::optional<double> softmax_scale,
     Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const std::optional<Tensor>& dlse,
-    bool bias_grad, bool deterministic, const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
-    const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
-    const std::optional<Tensor>& seqused_k = std::nullopt) {
+    bool bias_grad, bool deterministic, const std::optional<Tensor>& cu_seqlens_q,
+    const std::optional<Tensor>& cu_seqlens_k, const std::optional<Tensor>& seqused_k) {
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
@@ -163,34 +164,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
       .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale});
   return {dq, dk, dv, dbias};
-}
-
-}  // namespace
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(FATTN_BACKWARD_ARGS) {
-  constexpr const char* op = "fattn.backward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale);
-  check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
-                              q_segment_ids, kv_segment_ids);
-  add_alibi_offset(op, variant, s, alibi_offset);
-  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
-  check_bias_grad(op, bias, bias_grad);
-  return launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, bias_grad, deterministic);
-}
-
-std::tuple<Tensor, Tensor, Tensor> varlen_backward_cuda(FATTN_VARLEN_BACKWARD_ARGS) {
-  constexpr const char* op = "fattn.varlen_backward";
-  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               seqused_k, softmax_scale);
-  check_backward_inputs(op, s, q, dout, out, lse, dlse);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
-  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
-  auto [dq, dk, dv, dbias] = launch_backward(op, s, variant, softmax_scale, dout, q, k, v, out, lse, dlse, false,
-                                             deterministic, cu_seqlens_q, cu_seqlens_k, seqused_k);
-  return {dq, dk, dv};
 }
 
 }  // namespace fattn

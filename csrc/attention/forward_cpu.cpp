@@ -1,4 +1,5 @@
-// fattn::forward and fattn::varlen_forward on CPU: the plain, obviously-correct definition.
+// fattn::forward and fattn::varlen_forward on CPU, their arguments already checked
+// (attention_ops.cpp): the plain, obviously-correct definition.
 //
 // It is the semantic reference of the CUDA kernels (same masking, same GQA mapping, same
 // lse convention) and lets everything above the kernels run on machines without a GPU.
@@ -12,11 +13,9 @@
 #include <limits>
 #include <vector>
 
-#include "attention/attention_variant.h"
-#include "attention/fp8_inputs.h"
+#include "attention/attention_impl.h"
 #include "attention/sequence_spans.h"
 #include "common/propagating_max.h"
-#include "ops.h"
 
 namespace fattn {
 namespace {
@@ -87,11 +86,18 @@ void attend(const AttentionShape& s, const AttentionVariant& variant, const Sequ
   }
 }
 
-std::tuple<Tensor, Tensor> forward_reference(const AttentionShape& s, const AttentionVariant& variant,
-                                             const SequenceSpans& spans, std::optional<double> softmax_scale,
-                                             const std::optional<Tensor>& sinks, const Fp8Inputs& fp8,
-                                             const Tensor& q, const Tensor& k, const Tensor& v,
-                                             std::vector<int64_t> lse_shape) {
+}  // namespace
+
+std::tuple<Tensor, Tensor> forward_on_cpu(const char* op, const AttentionShape& s, const AttentionVariant& variant,
+                                          std::optional<double> softmax_scale, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const std::optional<Tensor>& sinks, const Fp8Inputs& fp8,
+                                          const std::optional<Tensor>& cu_seqlens_q,
+                                          const std::optional<Tensor>& cu_seqlens_k,
+                                          const std::optional<Tensor>& seqused_k) {
+  const SequenceSpans spans = sequence_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
+  // lse [batch, heads, seqlen_q], or [heads, total_q] packed.
+  const std::vector<int64_t> lse_shape = cu_seqlens_q.has_value() ? std::vector<int64_t>{s.heads, q.size(0)}
+                                                                  : std::vector<int64_t>{s.batch, s.heads, s.seqlen_q};
   Tensor qd = as_double(q), kd = as_double(k), vd = as_double(v);
   Tensor out_d = torch::stable::new_zeros(qd, sizes_of(q));
   Tensor lse_d = torch::stable::new_zeros(qd, lse_shape);
@@ -99,37 +105,6 @@ std::tuple<Tensor, Tensor> forward_reference(const AttentionShape& s, const Atte
          fp8.active, qd, kd, vd, out_d, lse_d);
   return {torch::stable::to(out_d, forward_output_dtype(q.scalar_type())),
           torch::stable::to(lse_d, lse_dtype(q.scalar_type()))};
-}
-
-}  // namespace
-
-std::tuple<Tensor, Tensor> forward_cpu(FATTN_FORWARD_ARGS) {
-  (void)deterministic;
-  constexpr const char* op = "fattn.forward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale, /*fp8_allowed=*/true);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
-                              q_segment_ids, kv_segment_ids);
-  add_alibi_offset(op, variant, s, alibi_offset);
-  check_sinks(op, sinks, q, s.heads);
-  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
-  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
-  return forward_reference(s, variant, dense_spans(s), softmax_scale, sinks, fp8, q, k, v,
-                           {s.batch, s.heads, s.seqlen_q});
-}
-
-std::tuple<Tensor, Tensor> varlen_forward_cpu(FATTN_VARLEN_FORWARD_ARGS) {
-  (void)deterministic;
-  constexpr const char* op = "fattn.varlen_forward";
-  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               seqused_k, softmax_scale, /*fp8_allowed=*/true);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
-  check_sinks(op, sinks, q, s.heads);
-  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
-  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
-  const SequenceSpans spans = packed_spans(op, s, q, k, cu_seqlens_q, cu_seqlens_k, seqused_k);
-  return forward_reference(s, variant, spans, softmax_scale, sinks, fp8, q, k, v, {s.heads, q.size(0)});
 }
 
 }  // namespace fattn

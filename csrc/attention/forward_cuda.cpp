@@ -1,14 +1,13 @@
-// fattn::forward and fattn::varlen_forward on CUDA: validate, pick the compiled variant,
-// allocate, launch. One launch serves both layouts (attention/kernel_layout.h).
+// fattn::forward and fattn::varlen_forward on CUDA, their arguments already checked
+// (attention_ops.cpp): pick the compiled variant, allocate, launch. One launch serves both
+// layouts (attention/kernel_layout.h).
 #include <torch/csrc/stable/ops.h>
 
-#include "attention/attention_variant.h"
-#include "attention/fp8_inputs.h"
+#include "attention/attention_impl.h"
 #include "attention/kernel_layout.h"
 #include "attention/query_tile_programs.h"
 #include "attention/segment_spans.h"
 #include "runtime/cuda_driver.h"
-#include "ops.h"
 
 namespace fattn {
 namespace {
@@ -38,13 +37,15 @@ Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v
   return vt;
 }
 
+}  // namespace
+
 // cu_seqlens_q/k and seqused_k: packed inputs (q [total_q, heads, head_dim]) when given.
 std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& s, const AttentionVariant& variant,
                                           std::optional<double> softmax_scale, Tensor q, Tensor k, Tensor v,
                                           const std::optional<Tensor>& sinks, const Fp8Inputs& fp8,
-                                          const std::optional<Tensor>& cu_seqlens_q = std::nullopt,
-                                          const std::optional<Tensor>& cu_seqlens_k = std::nullopt,
-                                          const std::optional<Tensor>& seqused_k = std::nullopt) {
+                                          const std::optional<Tensor>& cu_seqlens_q,
+                                          const std::optional<Tensor>& cu_seqlens_k,
+                                          const std::optional<Tensor>& seqused_k) {
   const bool packed = cu_seqlens_q.has_value();
   // Where the build has both kernels of a bucket, the length picks one; elsewhere the one
   // built serves every length.
@@ -145,36 +146,6 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .q_descale_group = descales.q_group, .p_scale = kFp8ProbabilityScale, .stride_vd = stride_vd,
   });
   return {out, lse};
-}
-
-}  // namespace
-
-std::tuple<Tensor, Tensor> forward_cuda(FATTN_FORWARD_ARGS) {
-  (void)deterministic;  // a backward setting, saved by autograd
-  constexpr const char* op = "fattn.forward";
-  const AttentionShape s = check_attention_inputs(op, q, k, v, softmax_scale, /*fp8_allowed=*/true);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes,
-                              q_segment_ids, kv_segment_ids);
-  add_alibi_offset(op, variant, s, alibi_offset);
-  check_sinks(op, sinks, q, s.heads);
-  add_bias_and_dropout(op, variant, s, q, bias, dropout_p, dropout_seed);
-  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
-  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, fp8);
-}
-
-std::tuple<Tensor, Tensor> varlen_forward_cuda(FATTN_VARLEN_FORWARD_ARGS) {
-  (void)deterministic;
-  constexpr const char* op = "fattn.varlen_forward";
-  // The offsets' values are not checked here: reading them would stall the stream.
-  const AttentionShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               seqused_k, softmax_scale, /*fp8_allowed=*/true);
-  AttentionVariant variant =
-      check_attention_variant(op, s, q, causal, window_left, window_right, softcap, alibi_slopes);
-  check_sinks(op, sinks, q, s.heads);
-  add_bias_and_dropout(op, variant, s, q, std::nullopt, dropout_p, dropout_seed);
-  const Fp8Inputs fp8 = check_fp8_inputs(op, s, q, variant, q_descale, k_descale, v_descale);
-  return launch_forward(op, s, variant, softmax_scale, q, k, v, sinks, fp8, cu_seqlens_q, cu_seqlens_k, seqused_k);
 }
 
 }  // namespace fattn

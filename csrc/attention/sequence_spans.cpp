@@ -36,4 +36,11 @@ SequenceSpans packed_spans(const char* op, const AttentionShape& s, const Tensor
   return spans;
 }
 
+SequenceSpans sequence_spans(const char* op, const AttentionShape& s, const Tensor& q, const Tensor& k,
+                             const std::optional<Tensor>& cu_seqlens_q, const std::optional<Tensor>& cu_seqlens_k,
+                             const std::optional<Tensor>& seqused_k) {
+  if (!cu_seqlens_q.has_value()) return dense_spans(s);
+  return packed_spans(op, s, q, k, *cu_seqlens_q, *cu_seqlens_k, seqused_k);
+}
+
 }  // namespace fattn

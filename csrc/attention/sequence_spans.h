@@ -28,5 +28,9 @@ SequenceSpans dense_spans(const AttentionShape& s);
 SequenceSpans packed_spans(const char* op, const AttentionShape& s, const Tensor& q, const Tensor& k,
                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                            const std::optional<Tensor>& seqused_k);
+// packed_spans when cu_seqlens_q is given (with cu_seqlens_k), else dense_spans.
+SequenceSpans sequence_spans(const char* op, const AttentionShape& s, const Tensor& q, const Tensor& k,
+                             const std::optional<Tensor>& cu_seqlens_q, const std::optional<Tensor>& cu_seqlens_k,
+                             const std::optional<Tensor>& seqused_k);
 
 }  // namespace fattn

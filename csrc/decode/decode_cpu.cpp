@@ -1,4 +1,5 @@
-// fattn::decode on CPU: the plain definition of attention over a (paged) KV cache.
+// fattn::decode on CPU, its arguments already checked (decode_op.cpp): the plain definition of
+// attention over a (paged) KV cache.
 //
 // It is the semantic reference of the CUDA kernels: the rotary embedding, the in-place
 // append, the page and row mapping, the left padding, the bottom-right causal/window mask,
@@ -15,8 +16,7 @@
 #include "attention/attention_variant.h"
 #include "common/fp8.h"
 #include "common/propagating_max.h"
-#include "decode/decode_shape.h"
-#include "ops.h"
+#include "decode/decode_impl.h"
 
 namespace fattn {
 namespace {
@@ -138,35 +138,26 @@ Tensor rotated_queries(const DecodeShape& s, const RotaryTables& rotary, const T
   return torch::stable::to(torch::stable::to(out, dtype), ScalarType::Double);
 }
 
-// Contiguous int32 host data of an optional index tensor (kept alive by `holder`).
-const int32_t* host_indices(const std::optional<Tensor>& t, Tensor& holder) {
-  if (!t) return nullptr;
-  holder = torch::stable::contiguous(*t);
-  return holder.const_data_ptr<int32_t>();
-}
-
 }  // namespace
 
-std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
-  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                                            window_left, window_right, softcap, rotary_interleaved, alibi_slopes,
-                                            num_splits, sinks, k_descale, v_descale);
-  Tensor holders[4];
-  const DecodeIndices ix{host_indices(cache_seqlens, holders[0]), host_indices(cache_batch_idx, holders[1]),
-                         host_indices(cache_leftpad, holders[2]), host_indices(block_table, holders[3])};
+std::tuple<Tensor, Tensor> decode_on_cpu(const DecodeShape& s, const DecodeInputs& in) {
+  // The device values are checked here, where reading them costs nothing (decode_shape.h).
+  const HostDecodeIndices host = host_decode_indices(in);
+  const DecodeIndices& ix = host.indices;
   check_decode_values(kOp, s, ix);
   RotaryTables rotary;
   if (s.rotary_dim > 0) {
-    rotary.cos_t = torch::stable::contiguous(as_double(*rotary_cos));
-    rotary.sin_t = torch::stable::contiguous(as_double(*rotary_sin));
+    rotary.cos_t = torch::stable::contiguous(as_double(*in.rotary_cos));
+    rotary.sin_t = torch::stable::contiguous(as_double(*in.rotary_sin));
     rotary.cos = rotary.cos_t.const_data_ptr<double>();
     rotary.sin = rotary.sin_t.const_data_ptr<double>();
   }
-  const Descales k_scale = host_descales(k_descale), v_scale = host_descales(v_descale);
-  if (k) append_new_tokens(s, k_cache, v_cache, *k, *v, ix, rotary, k_scale, v_scale);
+  Tensor k_cache = in.k_cache, v_cache = in.v_cache;  // written in place by the append
+  const Descales k_scale = host_descales(in.k_descale), v_scale = host_descales(in.v_descale);
+  if (in.k) append_new_tokens(s, k_cache, v_cache, *in.k, *in.v, ix, rotary, k_scale, v_scale);
 
-  const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const Tensor& q = in.q;
+  const double scale = resolve_softmax_scale(in.softmax_scale, s.head_dim);
   Tensor qd = torch::stable::contiguous(as_double(q)), kd = as_double(k_cache), vd = as_double(v_cache);
   if (s.rotary_dim > 0) qd = rotated_queries(s, rotary, qd, ix, q.scalar_type());
   Tensor out_d = torch::stable::new_zeros(qd, {s.batch, s.seqlen_q, s.heads, s.head_dim});
@@ -180,8 +171,8 @@ std::tuple<Tensor, Tensor> decode_cpu(FATTN_DECODE_ARGS) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   std::vector<double> scores;
   std::vector<const double*> v_rows;  // the visible keys' value rows
-  const std::vector<ScoreMod> mods = score_mods(softcap, alibi_slopes, s.batch, s.heads);
-  const std::vector<double> head_sinks = cpu_sinks(sinks);  // joins each row's denominator, no value
+  const std::vector<ScoreMod> mods = score_mods(in.softcap, in.alibi_slopes, s.batch, s.heads);
+  const std::vector<double> head_sinks = cpu_sinks(in.sinks);  // joins each row's denominator, no value
 
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t cached = ix.seqlens ? ix.seqlens[b] : s.capacity;

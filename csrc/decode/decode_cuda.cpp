@@ -1,4 +1,5 @@
-// fattn::decode on CUDA: append the new tokens, attend split-K, merge the splits.
+// fattn::decode on CUDA, its arguments already checked (decode_op.cpp): append the new tokens,
+// attend split-K, merge the splits.
 //
 // Up to four launches, all sized from shapes alone (never from cache_seqlens, which stays
 // on the device), so a decode step can be captured in a CUDA graph and replayed with new
@@ -16,8 +17,7 @@
 #include "attention/attention_variant.h"
 #include "common/fp8.h"
 #include "common/kernel_choice.h"
-#include "decode/decode_shape.h"
-#include "ops.h"
+#include "decode/decode_impl.h"
 #include "runtime/cuda_driver.h"
 
 namespace fattn {
@@ -149,32 +149,26 @@ bool debug_checks() {
   return text != nullptr && std::string(text) == "1";
 }
 
-void check_values_on_host(const DecodeShape& s, const std::optional<Tensor>& cache_seqlens,
-                          const std::optional<Tensor>& cache_batch_idx, const std::optional<Tensor>& cache_leftpad,
-                          const std::optional<Tensor>& block_table) {
-  Tensor holders[4];
-  auto host = [](const std::optional<Tensor>& t, Tensor& holder) -> const int32_t* {
-    if (!t) return nullptr;
-    const torch::stable::Device cpu(torch::headeronly::DeviceType::CPU);
-    holder = torch::stable::contiguous(torch::stable::to(*t, cpu));
-    return holder.const_data_ptr<int32_t>();
-  };
-  check_decode_values(kOp, s, {host(cache_seqlens, holders[0]), host(cache_batch_idx, holders[1]),
-                               host(cache_leftpad, holders[2]), host(block_table, holders[3])});
-}
-
 }  // namespace
 
-std::tuple<Tensor, Tensor> decode_cuda(FATTN_DECODE_ARGS) {
-  const DecodeShape s = check_decode_inputs(kOp, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                                            window_left, window_right, softcap, rotary_interleaved, alibi_slopes,
-                                            num_splits, sinks, k_descale, v_descale);
+std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInputs& in) {
+  Tensor q = in.q;
+  const Tensor &k_cache = in.k_cache, &v_cache = in.v_cache;
+  const std::optional<Tensor>&k = in.k, &v = in.v, &rotary_cos = in.rotary_cos, &rotary_sin = in.rotary_sin,
+                             &cache_seqlens = in.cache_seqlens, &cache_batch_idx = in.cache_batch_idx,
+                             &cache_leftpad = in.cache_leftpad, &block_table = in.block_table,
+                             &alibi_slopes = in.alibi_slopes, &sinks = in.sinks, &k_descale = in.k_descale,
+                             &v_descale = in.v_descale;
+  const std::optional<double> softmax_scale = in.softmax_scale;
+  const double softcap = in.softcap;
+  const int64_t num_splits = in.num_splits;
+  // The kernels' limits: they index the cache and the rotary tables in 32 bits (the CPU
+  // implementation has no such limit).
   if (s.capacity > INT32_MAX || s.num_pages > INT32_MAX || s.seqlen_ro > INT32_MAX) {
     fail(kOp, "the cache holds ", s.capacity, " keys per sequence and rotary_cos ", s.seqlen_ro,
          " positions; at most 2^31 - 1 are supported");
   }
-  if (debug_checks()) check_values_on_host(s, cache_seqlens, cache_batch_idx, cache_leftpad, block_table);
+  if (debug_checks()) check_decode_values(kOp, s, host_decode_indices(in).indices);
   const int device = q.get_device_index();
   // The kernels' element type is q's; an FP8 cache is reinterpreted by the KV_FP8 variants.
   const ScalarType dtype = q.scalar_type();

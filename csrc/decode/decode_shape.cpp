@@ -1,5 +1,7 @@
 #include "decode/decode_shape.h"
 
+#include <torch/csrc/stable/ops.h>
+
 #include "attention/attention_variant.h"
 #include "common/fp8.h"
 
@@ -270,41 +272,32 @@ void check_appended_pages(const char* op, const DecodeShape& s, const DecodeIndi
 
 }  // namespace
 
-DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                const std::optional<Tensor>& k, const std::optional<Tensor>& v,
-                                const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
-                                const std::optional<Tensor>& cache_seqlens,
-                                const std::optional<Tensor>& cache_batch_idx,
-                                const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& block_table,
-                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                int64_t window_right, double softcap, bool rotary_interleaved,
-                                const std::optional<Tensor>& alibi_slopes, int64_t num_splits,
-                                const std::optional<Tensor>& sinks, const std::optional<Tensor>& k_descale,
-                                const std::optional<Tensor>& v_descale) {
+DecodeShape check_decode_inputs(const char* op, const DecodeInputs& in) {
+  const Tensor& q = in.q;
   DecodeShape s{};
   check_query(op, q, s);
-  check_caches(op, q, k_cache, v_cache, s);
-  check_fp8_caches(op, q, k_cache, v_cache, k_descale, v_descale, s);
-  check_row_indices(op, q, cache_batch_idx, cache_leftpad, block_table, s);
-  check_pages(op, q, k_cache, block_table, s);
-  check_new_tokens(op, q, k, v, cache_seqlens, s);
-  check_rotary(op, q, rotary_cos, rotary_sin, k, rotary_interleaved, s);
-  if (k.has_value()) check_writable_caches(op, k_cache, v_cache);
-  check_softmax_scale(op, softmax_scale);
-  check_window(op, window_left, window_right);
-  check_softcap(op, softcap);
-  if (alibi_slopes.has_value()) check_alibi_slopes(op, *alibi_slopes, q, s.batch, s.heads);
-  check_sinks(op, sinks, q, s.heads);
-  if (num_splits < 0 || num_splits > kMaxDecodeSplits) {
-    fail(op, "num_splits is ", num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
+  check_caches(op, q, in.k_cache, in.v_cache, s);
+  check_fp8_caches(op, q, in.k_cache, in.v_cache, in.k_descale, in.v_descale, s);
+  check_row_indices(op, q, in.cache_batch_idx, in.cache_leftpad, in.block_table, s);
+  check_pages(op, q, in.k_cache, in.block_table, s);
+  check_new_tokens(op, q, in.k, in.v, in.cache_seqlens, s);
+  check_rotary(op, q, in.rotary_cos, in.rotary_sin, in.k, in.rotary_interleaved, s);
+  if (in.k.has_value()) check_writable_caches(op, in.k_cache, in.v_cache);
+  check_softmax_scale(op, in.softmax_scale);
+  check_window(op, in.window_left, in.window_right);
+  check_softcap(op, in.softcap);
+  if (in.alibi_slopes.has_value()) check_alibi_slopes(op, *in.alibi_slopes, q, s.batch, s.heads);
+  check_sinks(op, in.sinks, q, s.heads);
+  if (in.num_splits < 0 || in.num_splits > kMaxDecodeSplits) {
+    fail(op, "num_splits is ", in.num_splits, "; expected 0 (automatic) or 1 to ", kMaxDecodeSplits);
   }
   // A window side of capacity + seqlen_q keys or more hides nothing: it is stored as
   // unbounded, which also keeps it within the kernels' 32-bit bounds.
-  s.window_left = bounded_window(window_left, s.capacity + s.seqlen_q);
-  s.window_right = causal ? 0 : bounded_window(window_right, s.capacity + s.seqlen_q);
+  s.window_left = bounded_window(in.window_left, s.capacity + s.seqlen_q);
+  s.window_right = in.causal ? 0 : bounded_window(in.window_right, s.capacity + s.seqlen_q);
   // flash-attn's rule: a window side is local when it is below the cache's capacity.
-  s.rotary_per_token = causal || (window_left >= 0 && window_left < s.capacity) ||
-                       (window_right >= 0 && window_right < s.capacity);
+  s.rotary_per_token = in.causal || (in.window_left >= 0 && in.window_left < s.capacity) ||
+                       (in.window_right >= 0 && in.window_right < s.capacity);
   return s;
 }
 
@@ -348,6 +341,19 @@ void check_decode_values(const char* op, const DecodeShape& s, const DecodeIndic
     }
   }
   if (s.paged && s.seqlen_new > 0 && ix.table != nullptr && ix.seqlens != nullptr) check_appended_pages(op, s, ix);
+}
+
+HostDecodeIndices host_decode_indices(const DecodeInputs& in) {
+  HostDecodeIndices host;
+  auto on_host = [&host](const std::optional<Tensor>& t, int i) -> const int32_t* {
+    if (!t) return nullptr;
+    const torch::stable::Device cpu(torch::headeronly::DeviceType::CPU);
+    host.held[i] = torch::stable::contiguous(torch::stable::to(*t, cpu));
+    return host.held[i].const_data_ptr<int32_t>();
+  };
+  host.indices = {on_host(in.cache_seqlens, 0), on_host(in.cache_batch_idx, 1), on_host(in.cache_leftpad, 2),
+                  on_host(in.block_table, 3)};
+  return host;
 }
 
 }  // namespace fattn

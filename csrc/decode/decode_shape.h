@@ -47,20 +47,24 @@ struct DecodeShape {
   int64_t query_position(int64_t cached, int64_t t) const { return cached + (rotary_per_token ? t : 0); }
 };
 
+// fattn::decode's arguments as its entry (decode/decode_op.cpp) receives them, in the schema's
+// order, for the checks and both implementations to share.
+struct DecodeInputs {
+  Tensor q, k_cache, v_cache;
+  std::optional<Tensor> k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table;
+  std::optional<double> softmax_scale;
+  bool causal;
+  int64_t window_left, window_right;
+  double softcap;
+  bool rotary_interleaved;
+  std::optional<Tensor> alibi_slopes;
+  int64_t num_splits;
+  std::optional<Tensor> sinks, k_descale, v_descale;
+};
+
 // Checks everything that can be checked from shapes, dtypes and devices (no device
 // values): throws std::runtime_error naming the argument and the expectation.
-// The arguments are fattn::decode's (FATTN_DECODE_ARGS in ops.h).
-DecodeShape check_decode_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                const std::optional<Tensor>& k, const std::optional<Tensor>& v,
-                                const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
-                                const std::optional<Tensor>& cache_seqlens,
-                                const std::optional<Tensor>& cache_batch_idx,
-                                const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& block_table,
-                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                int64_t window_right, double softcap, bool rotary_interleaved,
-                                const std::optional<Tensor>& alibi_slopes, int64_t num_splits,
-                                const std::optional<Tensor>& sinks, const std::optional<Tensor>& k_descale,
-                                const std::optional<Tensor>& v_descale);
+DecodeShape check_decode_inputs(const char* op, const DecodeInputs& in);
 
 // The device values, as contiguous int32 data on the host (any may be null when not given).
 struct DecodeIndices {
@@ -77,5 +81,13 @@ struct DecodeIndices {
 // another sequence; cache_batch_idx in [0, k_cache.size(0)) and distinct when appending;
 // cache_leftpad in [0, capacity]; rotary positions inside rotary_cos.
 void check_decode_values(const char* op, const DecodeShape& s, const DecodeIndices& ix);
+
+// cache_seqlens, cache_batch_idx, cache_leftpad and block_table as check_decode_values and the
+// CPU implementation read them: contiguous, on the host (copied there from a GPU: a host sync).
+struct HostDecodeIndices {
+  Tensor held[4];  // the host tensors `indices` points into
+  DecodeIndices indices;
+};
+HostDecodeIndices host_decode_indices(const DecodeInputs& in);
 
 }  // namespace fattn

@@ -1,17 +1,16 @@
-// fattn::merge_attention_states on CPU: the plain definition, in float64.
+// fattn::merge_attention_states on CPU, its arguments already checked (merge_op.cpp): the plain
+// definition, in float64.
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
 #include <limits>
 
 #include "common/propagating_max.h"
-#include "merge/merge_shape.h"
-#include "ops.h"
+#include "merge/merge_impl.h"
 
 namespace fattn {
 
-std::tuple<Tensor, Tensor> merge_cpu(Tensor outs, Tensor lses) {
-  const MergeShape m = check_merge_inputs("fattn.merge_attention_states", outs, lses);
+std::tuple<Tensor, Tensor> merge_on_cpu(const MergeShape& m, const Tensor& outs, const Tensor& lses) {
   Tensor od = as_double(outs), ld = as_double(lses);
   Tensor out = torch::stable::new_zeros(od, {m.batch, m.seqlen_q, m.heads, m.head_dim});
   Tensor lse = torch::stable::new_empty(od, {m.batch, m.heads, m.seqlen_q});

@@ -1,16 +1,14 @@
-// fattn::merge_attention_states on CUDA: one launch of the attn_merge kernel.
+// fattn::merge_attention_states on CUDA, its arguments already checked (merge_op.cpp): one
+// launch of the attn_merge kernel.
 #include <torch/csrc/stable/ops.h>
 
 #include "common/kernel_choice.h"
-#include "merge/merge_shape.h"
-#include "ops.h"
+#include "merge/merge_impl.h"
 
 namespace fattn {
 
-std::tuple<Tensor, Tensor> merge_cuda(Tensor outs, Tensor lses) {
-  constexpr const char* op = "fattn.merge_attention_states";
+std::tuple<Tensor, Tensor> launch_merge(const char* op, const MergeShape& m, Tensor outs, Tensor lses) {
   using kernels::attn_merge;
-  const MergeShape m = check_merge_inputs(op, outs, lses);
   const auto merge = choose<attn_merge>(op, outs.get_device_index(), outs.scalar_type(), m.head_dim, {});
   const runtime::Grid grid{ceil_div(m.seqlen_q, merge.constant(attn_merge::BLOCK_M)), dim(m.heads), dim(m.batch)};
   check_grid(op, grid, "query tiles", "heads", "batch");

@@ -165,6 +165,41 @@ def _tile_config(kernel: str, kcfg: dict, arch: int, bucket: int) -> dict:
     return dict(tile)
 
 
+def _named_flags() -> dict:
+    """The flags that configs.json spells by name, each with the function that turns a name into
+    the kernels' integer (raising ValueError on any other value): SCORE_MOD's variants, named in
+    triton_src/variants.py."""
+    from triton_src.variants import score_mod_value
+
+    return {"SCORE_MOD": score_mod_value}
+
+
+def _resolved(kernel: str, kcfg: dict) -> dict:
+    """kcfg with every named flag value (the flags' lists and the exclude, flag_overrides and
+    implementations entries) replaced by its integer: the one place configs.json's names meet the
+    kernels' constexprs, so that variants, labels and table keys carry the integers."""
+    named = _named_flags()
+
+    def value(where: str, flag: str, v):
+        if flag not in named:
+            return v
+        if isinstance(v, list):
+            return [value(where, flag, x) for x in v]
+        try:
+            return named[flag](v)
+        except ValueError as e:
+            raise GridError(f"configs.json: {kernel} {where} {flag}: {e}") from None
+
+    def flags(where: str, entry_flags: dict) -> dict:
+        return {n: value(where, n, v) for n, v in entry_flags.items()}
+
+    out = dict(kcfg, flags=flags("flags", kcfg["flags"]))
+    for section in ("exclude", "flag_overrides", "implementations"):
+        if section in kcfg:
+            out[section] = [dict(e, flags=flags(section, e["flags"])) for e in kcfg[section]]
+    return out
+
+
 def _matches(kernel: str, kcfg: dict, what: str, entry: dict, arch: int, bucket: int, flags: dict,
              dtype: str | None = None) -> bool:
     """Whether a flag_overrides / exclude entry applies: its flags (a value, or a list of the
@@ -219,6 +254,7 @@ def expand(config: dict | None = None, env: dict | None = None) -> list[Variant]
     # compared against (the runtime looks variants up by that key).
     by_key = {}
     for kernel, kcfg in config["kernels"].items():
+        kcfg = _resolved(kernel, kcfg)
         buckets = selected_buckets(kcfg, env)
         flag_names = list(kcfg["flags"])
         for arch, dtype, bucket in itertools.product(archs, kcfg["dtypes"], buckets):

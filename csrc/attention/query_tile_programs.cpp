@@ -44,3 +44,17 @@ int64_t query_tile_programs(int64_t tiles, int64_t sequence_heads, int64_t sms, 
 }
 
 }  // namespace fattn
+
+// The forward's choices for a call, as the op makes them, for the tuner
+// (aot_build/tune_tile_loop.py) and tests through python/fattn/_library.py: whether it asks for the
+// looping kernel first, and how many programs per (head, sequence) that kernel gets.
+extern "C" __attribute__((visibility("default"))) int fattn_prefers_tile_loop(int arch, int bucket, int64_t seqlen_q,
+                                                                              int packed, int right_edge) {
+  return fattn::prefers_tile_loop(arch, bucket, seqlen_q, packed != 0, right_edge != 0) ? 1 : 0;
+}
+
+extern "C" __attribute__((visibility("default"))) int64_t fattn_query_tile_programs(int64_t tiles,
+                                                                                    int64_t sequence_heads,
+                                                                                    int64_t sms, int heavy_first) {
+  return fattn::query_tile_programs(tiles, sequence_heads, sms, heavy_first != 0);
+}

@@ -2,7 +2,6 @@
 // `python -m fattn info` reads them through ctypes.
 #include <string>
 
-#include "attention/query_tile_programs.h"
 #include "runtime/arch.h"
 #include "runtime/kernel_index.h"
 #include "runtime/kernel_table.h"
@@ -77,18 +76,4 @@ extern "C" __attribute__((visibility("default"))) int64_t fattn_module_loads(int
   const fattn::runtime::ModuleStats stats = fattn::runtime::module_stats();
   *functions = stats.functions;
   return stats.load_attempts;
-}
-
-// The forward's choices for a call, as the op makes them (csrc/attention/query_tile_programs.h):
-// whether it asks for the looping kernel first, and how many programs per (head, sequence)
-// that kernel gets. For the tuner (aot_build/tune_tile_loop.py) and tests.
-extern "C" __attribute__((visibility("default"))) int fattn_prefers_tile_loop(int arch, int bucket, int64_t seqlen_q,
-                                                                              int packed, int right_edge) {
-  return fattn::prefers_tile_loop(arch, bucket, seqlen_q, packed != 0, right_edge != 0) ? 1 : 0;
-}
-
-extern "C" __attribute__((visibility("default"))) int64_t fattn_query_tile_programs(int64_t tiles,
-                                                                                    int64_t sequence_heads,
-                                                                                    int64_t sms, int heavy_first) {
-  return fattn::query_tile_programs(tiles, sequence_heads, sms, heavy_first != 0);
 }

@@ -40,16 +40,6 @@ void check_sinks(const char* op, const std::optional<Tensor>& sinks, const Tenso
   check_same_device(op, "sinks", *sinks, "q", q);
 }
 
-std::optional<Tensor> unit_stride(const std::optional<Tensor>& sinks) {
-  if (!sinks.has_value() || sinks->stride(0) == 1) return sinks;
-  return torch::stable::contiguous(*sinks);
-}
-
-KernelSinks kernel_sinks(const std::optional<Tensor>& sinks, const Tensor& placeholder) {
-  if (!sinks.has_value()) return {placeholder.data_ptr(), 0};
-  if (sinks->size(0) > 1 && sinks->stride(0) != 1) fail("fattn", "internal: sinks must have unit stride here");
-  return {sinks->data_ptr(), 1};
-}
 
 std::vector<double> cpu_sinks(const std::optional<Tensor>& sinks) {
   if (!sinks.has_value()) return {};
@@ -139,19 +129,29 @@ void add_bias_and_dropout(const char* op, AttentionVariant& variant, const Atten
   if (variant.dropout.active()) variant.dropout_seed = dropout_seed;
 }
 
-KernelSegments kernel_segments(const AttentionVariant& variant, const Tensor& placeholder) {
-  if (!variant.q_segment_ids.has_value()) return {placeholder.data_ptr(), placeholder.data_ptr(), 0, 0, 0};
-  const Tensor &q = *variant.q_segment_ids, &kv = *variant.kv_segment_ids;
-  return {q.data_ptr(), kv.data_ptr(), q.size(0) > 1 ? q.stride(0) : 0, kv.size(0) > 1 ? kv.stride(0) : 0, 1};
+ScoreModChoice forward_score_mods(const AttentionVariant& variant) {
+  const kernels::score_mod::Value general = variant.score_mod();
+  if (general == kernels::score_mod::kSoftcapAlibi && variant.softcap <= 0) {
+    return {kernels::score_mod::kAlibiOnly, general};
+  }
+  if (general == kernels::score_mod::kBiasDropout && bias_rows_for_tma(variant.bias)) {
+    return {kernels::score_mod::kBiasTma, general};
+  }
+  return {general, general};
 }
 
-KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double> softmax_scale, int64_t head_dim,
-                           const Tensor& placeholder) {
-  const ScoreScales scales = score_scales(resolve_softmax_scale(softmax_scale, head_dim), variant.softcap);
-  return {scales.qk_scale, scales.softcap_log2,
-          variant.alibi_slopes.has_value() ? variant.alibi_slopes->data_ptr() : placeholder.data_ptr(),
-          variant.alibi_slopes.has_value() ? 1 : 0};
+ScoreModChoice backward_score_mods(const AttentionVariant& variant, bool bias_grad, int64_t seqlen_k) {
+  const kernels::score_mod::Value general = variant.score_mod();
+  if (general == kernels::score_mod::kSoftcapAlibi && variant.softcap <= 0) {
+    return {kernels::score_mod::kAlibiOnly, general};
+  }
+  if (general == kernels::score_mod::kBiasDropout && variant.softcap <= 0 && bias_rows_for_tma(variant.bias) &&
+      (!bias_grad || seqlen_k % 4 == 0)) {
+    return {kernels::score_mod::kBiasTma, general};
+  }
+  return {general, general};
 }
+
 
 double ScoreMod::score(double scaled_dot, int64_t i, int64_t j, int64_t alibi_diagonal) const {
   double score = softcap > 0 ? softcap * std::tanh(scaled_dot / softcap) : scaled_dot;

@@ -9,6 +9,7 @@
 #include "attention/attention_shape.h"
 #include "attention/bias.h"
 #include "attention/dropout.h"
+#include "kernel_launchers.h"
 
 namespace fattn {
 
@@ -35,14 +36,14 @@ struct AttentionVariant {
   Dropout dropout;             // attention/dropout.h
   std::optional<Tensor> dropout_seed;
 
-  // The kernel variant that serves this call: SCORE_MOD 0 for none of these, 1 for the softcap
-  // and ALiBi, 2 when a bias or dropout is given too (their code costs registers even unused,
-  // so the variants without them leave it out). For ALiBi without a softcap the forward and
-  // backward ask for 3 first (forward_cuda.cpp, backward_cuda.cpp), where the build has it, and
-  // for 4 with a bias that TMA can read (bias_rows_for_tma; the backward without a softcap).
-  int64_t score_mod() const {
-    if (bias.has_value() || dropout.active()) return 2;
-    return softcap > 0 || alibi_slopes.has_value() ? 1 : 0;
+  // The score-modifier variant that compiles this call's modifiers in every kernel family
+  // (triton_src/variants.py names them): plain without any, softcap_alibi for the softcap and
+  // ALiBi, bias_dropout when a bias or dropout is given too (their code costs registers even
+  // unused, so the others leave it out). forward_score_mods and backward_score_mods say which
+  // narrower variant the Hopper kernels try first.
+  kernels::score_mod::Value score_mod() const {
+    if (bias.has_value() || dropout.active()) return kernels::score_mod::kBiasDropout;
+    return softcap > 0 || alibi_slopes.has_value() ? kernels::score_mod::kSoftcapAlibi : kernels::score_mod::kPlain;
   }
   bool visible(int64_t i, int64_t j, int64_t diagonal) const {
     return (window_left < 0 || j >= i + diagonal - window_left) && (window_right < 0 || j <= i + diagonal + window_right);
@@ -51,6 +52,17 @@ struct AttentionVariant {
   int64_t alibi_stride_b() const { return fattn::alibi_stride_b(alibi_slopes); }
   int64_t alibi_stride_h() const { return fattn::alibi_stride_h(alibi_slopes); }
 };
+
+// The score-modifier variants that serve a call, best first: `best`, where the build has it (the
+// Hopper kernels'), then `general` (AttentionVariant::score_mod, which every build has).
+struct ScoreModChoice {
+  kernels::score_mod::Value best, general;
+};
+// ALiBi without a softcap: alibi_only; a bias whose rows TMA can read: bias_tma.
+ScoreModChoice forward_score_mods(const AttentionVariant& variant);
+// As the forward's, but bias_tma compiles no softcap in the backward, and its d bias (bias_grad) is
+// written by TMA too, which needs whole 16-byte rows of float32: seqlen_k a multiple of 4.
+ScoreModChoice backward_score_mods(const AttentionVariant& variant, bool bias_grad, int64_t seqlen_k);
 
 // Rejects windows below -1, a negative or non-finite softcap, slopes that are not float32
 // [heads] / [batch, heads] on q's device, and segment ids that are not int32 [batch, seqlen]
@@ -70,24 +82,6 @@ void add_bias_and_dropout(const char* op, AttentionVariant& variant, const Atten
                           const std::optional<Tensor>& bias, double dropout_p,
                           const std::optional<Tensor>& dropout_seed);
 
-// The segment ids as the kernels take them; pointers at `placeholder` when there are none
-// (use_segments 0: never read).
-struct KernelSegments {
-  const void* q;
-  const void* kv;
-  int64_t stride_q, stride_kv, use_segments;
-};
-KernelSegments kernel_segments(const AttentionVariant& variant, const Tensor& placeholder);
-
-// How the kernels take the scores (log2 domain, exp2 softmax): qk_scale multiplies q.k;
-// with a softcap it is scale / softcap and the kernel applies softcap_log2 * tanh (softcap_log2
-// = softcap * log2(e)), else it is scale * log2(e) and softcap_log2 is 0. `alibi` is the
-// slopes' address, or `placeholder`'s (never read: use_alibi is 0).
-struct KernelScores {
-  double qk_scale, softcap_log2;
-  const void* alibi;
-  int64_t use_alibi;
-};
 // The (qk_scale, softcap_log2) pair alone, for every kernel family that takes a softcap.
 struct ScoreScales {
   double qk_scale, softcap_log2;
@@ -105,24 +99,11 @@ inline int64_t bounded_window(int64_t w, int64_t keys) { return w < 0 || w >= ke
 // Sinks: float32 [heads] on q's device (one logit per query head that joins every row's
 // softmax denominator and carries no value).
 void check_sinks(const char* op, const std::optional<Tensor>& sinks, const Tensor& q, int64_t heads);
-// The sinks with unit stride, as the kernels read them (a copy only for a strided view); keep
-// the result alive across the launch.
-std::optional<Tensor> unit_stride(const std::optional<Tensor>& sinks);
-// The sinks as the kernels take them (unit stride): their address, or `placeholder`'s (never
-// read: use 0).
-struct KernelSinks {
-  const void* sinks;
-  int64_t use_sinks;
-};
-KernelSinks kernel_sinks(const std::optional<Tensor>& sinks, const Tensor& placeholder);
 // The sinks for the CPU references: one float64 logit per head, or none.
 std::vector<double> cpu_sinks(const std::optional<Tensor>& sinks);
 
 // ALiBi slopes: float32 [heads] or [batch, heads] on q's device.
 void check_alibi_slopes(const char* op, const Tensor& slopes, const Tensor& q, int64_t batch, int64_t heads);
-
-KernelScores kernel_scores(const AttentionVariant& variant, std::optional<double> softmax_scale, int64_t head_dim,
-                           const Tensor& placeholder);
 
 // The float64 definition the CPU references use, for one (batch, head): the score of
 // key j for query i from its scaled dot product, and d score / d scaled_dot (the

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/attention_impl.h"
+#include "attention/kernel_args.h"
 #include "attention/kernel_layout.h"
 #include "attention/segment_spans.h"
 
@@ -40,22 +41,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   const int device = q.get_device_index();
   const ScalarType dtype = q.scalar_type();
   const auto pre = choose<attn_bwd_preprocess>(op, device, dtype, s.head_dim, {.HAS_DLSE = dlse.has_value()});
-  const int64_t score_mod = variant.score_mod();
-  // Where configs.json has them (the Hopper kernels), ALiBi without a softcap first takes the
-  // variants built without the softcap's code (SCORE_MOD 3), and a bias that TMA can read, without
-  // a softcap, those that load it so and write d bias by TMA (SCORE_MOD 4: its float32 rows must
-  // then be whole 16 bytes too); neither dK/dV variant has a dQ part at d128.
-  const bool bias_by_tma = score_mod == 2 && variant.softcap <= 0 && bias_rows_for_tma(variant.bias) &&
-                           (!bias_grad || s.seqlen_k % 4 == 0);
-  const int64_t dkdv_score_mod = score_mod == 1 && variant.softcap <= 0 ? 3 : bias_by_tma ? 4 : score_mod;
+  // The variant built for this call's score modifiers where the build has it (the Hopper kernels';
+  // attention_variant.h), else the general one; neither narrower dK/dV variant has a dQ part at d128.
+  const ScoreModChoice mods = backward_score_mods(variant, bias_grad, s.seqlen_k);
   const auto dkdv = choose_first<attn_bwd_dkdv>(op, device, dtype, s.head_dim,
-                                                {{.SCORE_MOD = dkdv_score_mod, .ACCUMULATE_DQ = !deterministic},
-                                                 {.SCORE_MOD = dkdv_score_mod, .ACCUMULATE_DQ = false},
-                                                 {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = !deterministic},
-                                                 {.SCORE_MOD = score_mod, .ACCUMULATE_DQ = false}});
+                                                {{.SCORE_MOD = mods.best, .ACCUMULATE_DQ = !deterministic},
+                                                 {.SCORE_MOD = mods.best, .ACCUMULATE_DQ = false},
+                                                 {.SCORE_MOD = mods.general, .ACCUMULATE_DQ = !deterministic},
+                                                 {.SCORE_MOD = mods.general, .ACCUMULATE_DQ = false}});
   const bool dq_in_dkdv = dkdv.constant(attn_bwd_dkdv::ACCUMULATE_DQ) != 0;
-  const auto dqk = choose_or<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = dkdv_score_mod},
-                                          {.SCORE_MOD = score_mod});
+  const auto dqk = choose_or<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = mods.best},
+                                          {.SCORE_MOD = mods.general});
   const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),
                                dim(s.batch)};
   const runtime::Grid dkdv_grid{ceil_div(s.seqlen_k, dkdv.constant(attn_bwd_dkdv::BLOCK_N)), dim(s.kv_heads),
@@ -94,7 +90,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   Tensor dq_accum = dq_in_dkdv ? torch::stable::new_zeros(q, sizes_of(dq), ScalarType::Float) : lse;
   Tensor delta = torch::stable::new_empty(lse, sizes_of(lse));
 
-  const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
+  LaunchScope scope(lse);
   const RowStrides qs = row_strides(q), ks = row_strides(k), vs = row_strides(v), os = row_strides(out),
                    dos = row_strides(dout), dqs = row_strides(dq), dks = row_strides(dk), dvs = row_strides(dv),
                    dqas = dq_in_dkdv ? row_strides(dq_accum) : RowStrides{0, 0, 0};
@@ -102,16 +98,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   kernels::launch_attn_bwd_preprocess(pre, pre_grid, {
       .Out = out.data_ptr(), .DO = dout.data_ptr(), .DLse = dlse32.data_ptr(), .Delta = delta.data_ptr(),
       .stride_ob = os.b, .stride_os = os.s, .stride_oh = os.h, .stride_dob = dos.b, .stride_dos = dos.s,
-      .stride_doh = dos.h, .stride_lseb = ls.b, .stride_lseh = ls.h, .CuSeqlensQ = pack.cu_seqlens_q,
-      .use_cu_seqlens = pack.use_cu_seqlens, .seqlen_q = s.seqlen_q, .head_dim = s.head_dim});
+      .stride_doh = dos.h, .stride_lseb = ls.b, .stride_lseh = ls.h, .CuSeqlensQ = scope.address_of(cu_seqlens_q),
+      .use_cu_seqlens = cu_seqlens_q.has_value() ? 1 : 0, .seqlen_q = s.seqlen_q, .head_dim = s.head_dim});
 
+  // What the dK/dV and dQ passes take alike, as the forward took it.
   const double scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
-  const KernelSegments segments = kernel_segments(variant, lse);
-  const KernelSpans key_tile_spans =
-      kernel_segment_spans(op, variant, s, SpanOver::kKeyTiles, dkdv.constant(attn_bwd_dkdv::BLOCK_N), lse);
-  const KernelBias bias = kernel_bias(variant.bias, lse);
-  const void* seed = kernel_dropout_seed(variant.dropout, variant.dropout_seed, lse);
+  const kernels::SequencesArgs seqs = sequences_args(scope, cu_seqlens_q, cu_seqlens_k, seqused_k);
+  const kernels::ScoresArgs scores = scores_args(scale, variant.softcap);
+  const kernels::BiasArgs bias = bias_args(scope, variant.bias);
+  const kernels::DropoutArgs dropout = dropout_args(scope, variant);
   const Tensor& dbias_target = bias_grad ? dbias : lse;  // never written without bias_grad
   kernels::launch_attn_bwd_dkdv(dkdv, dkdv_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
@@ -120,19 +115,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_dob = dos.b,
       .stride_dos = dos.s, .stride_doh = dos.h, .stride_dkb = dks.b, .stride_dks = dks.s, .stride_dkh = dks.h,
       .stride_dvb = dvs.b, .stride_dvs = dvs.s, .stride_dvh = dvs.h, .stride_lseb = ls.b, .stride_lseh = ls.h,
-      .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
-      .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
-      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
-      .window_left = variant.window_left, .window_right = variant.window_right,
-      .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
-      .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
-      .use_segments = segments.use_segments, .SegmentSpans = key_tile_spans.data,
-      .stride_spanb = key_tile_spans.stride_b,
-      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
-      .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
-      .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
-      .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale,
+      .sequences = seqs, .shape = shape_args(s), .window = window_args(variant), .alibi = alibi_args(scope, variant),
+      .segments = segments_args(scope, op, variant, s, SpanOver::kKeyTiles, dkdv.constant(attn_bwd_dkdv::BLOCK_N)),
+      .scores = scores, .softmax_scale = scale, .bias = bias, .dropout = dropout,
       .DBias = dbias_target.data_ptr(), .stride_dbiasb = bias_grad ? dbias.stride(0) : 0,
       .stride_dbiash = bias_grad ? dbias.stride(1) : 0, .stride_dbiasq = bias_grad ? dbias.stride(2) : 0,
       .write_dbias = bias_grad ? 1 : 0, .DQAccum = dq_accum.data_ptr(), .stride_dqab = dqas.b,
@@ -141,8 +126,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
     torch::stable::copy_(dq, dq_accum);  // to q's dtype
     return {dq, dk, dv, dbias};
   }
-  const KernelSpans query_tile_spans =
-      kernel_segment_spans(op, variant, s, SpanOver::kQueryTiles, dqk.constant(attn_bwd_dq::BLOCK_M), lse);
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DQ = dq.data_ptr(),
@@ -150,19 +133,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_dob = dos.b,
       .stride_dos = dos.s, .stride_doh = dos.h, .stride_dqb = dqs.b, .stride_dqs = dqs.s, .stride_dqh = dqs.h,
       .stride_lseb = ls.b, .stride_lseh = ls.h,
-      .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
-      .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
-      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
-      .window_left = variant.window_left, .window_right = variant.window_right,
-      .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
-      .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
-      .use_segments = segments.use_segments, .SegmentSpans = query_tile_spans.data,
-      .stride_spanb = query_tile_spans.stride_b,
-      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2,
-      .softmax_scale = scale, .Bias = bias.bias, .stride_biasb = bias.stride_b, .stride_biash = bias.stride_h,
-      .stride_biasq = bias.stride_q, .use_bias = bias.use_bias, .DropoutSeed = seed,
-      .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale});
+      .sequences = seqs, .shape = shape_args(s), .window = window_args(variant), .alibi = alibi_args(scope, variant),
+      .segments = segments_args(scope, op, variant, s, SpanOver::kQueryTiles, dqk.constant(attn_bwd_dq::BLOCK_M)),
+      .scores = scores, .softmax_scale = scale, .bias = bias, .dropout = dropout});
   return {dq, dk, dv, dbias};
 }
 

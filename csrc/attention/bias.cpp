@@ -29,11 +29,6 @@ void check_bias_grad(const char* op, const std::optional<Tensor>& bias, bool bia
   if (bias_grad && !bias.has_value()) fail(op, "bias_grad=True needs a bias");
 }
 
-KernelBias kernel_bias(const std::optional<Tensor>& bias, const Tensor& placeholder) {
-  if (!bias.has_value()) return {placeholder.data_ptr(), 0, 0, 0, 0};
-  const Tensor& b = *bias;
-  return {b.data_ptr(), kernel_stride(b, 0), kernel_stride(b, 1), kernel_stride(b, 2), 1};
-}
 
 bool bias_rows_for_tma(const std::optional<Tensor>& bias) {
   if (!bias.has_value()) return false;

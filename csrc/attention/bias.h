@@ -13,13 +13,6 @@ void check_bias(const char* op, const std::optional<Tensor>& bias, const Attenti
 // bias_grad asks the backward for d bias: there must be a bias.
 void check_bias_grad(const char* op, const std::optional<Tensor>& bias, bool bias_grad);
 
-// The bias as the kernels take it: its address and (batch, head, query) strides, 0 along a
-// broadcast dim; `placeholder`'s address when there is none (never read: use_bias 0).
-struct KernelBias {
-  const void* bias;
-  int64_t stride_b, stride_h, stride_q, use_bias;
-};
-KernelBias kernel_bias(const std::optional<Tensor>& bias, const Tensor& placeholder);
 
 // Whether there is a bias and TMA can read its rows (SCORE_MOD 4, the Hopper kernels'):
 // a 16-byte aligned base, a nonzero query stride and every stride a multiple of 16 bytes. A bias

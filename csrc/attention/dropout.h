@@ -35,11 +35,5 @@ struct Dropout {
 // seed). On CPU the seed's value is read.
 Dropout check_dropout(const char* op, double dropout_p, const std::optional<Tensor>& dropout_seed, const Tensor& q);
 
-// The seed as the kernels take it: its address, or `placeholder`'s when dropout is off
-// (never read: threshold 0).
-inline const void* kernel_dropout_seed(const Dropout& dropout, const std::optional<Tensor>& seed,
-                                       const Tensor& placeholder) {
-  return dropout.active() ? seed->data_ptr() : placeholder.data_ptr();
-}
 
 }  // namespace fattn

@@ -4,6 +4,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "attention/attention_impl.h"
+#include "attention/kernel_args.h"
 #include "attention/kernel_layout.h"
 #include "attention/query_tile_programs.h"
 #include "attention/segment_spans.h"
@@ -19,7 +20,7 @@ using kernels::fp8_transpose_v;
 // its end): what attn_fwd's FP8 variants read (triton_src/fp8.py says why). key_order 1: each
 // 32 keys in the order of the Hopper kernel's FP8 P (forward_sm90._p_operand).
 Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v, int64_t columns,
-                        const Packing& pack, int64_t key_order) {
+                        const kernels::SequencesArgs& seqs, int64_t key_order) {
   Tensor vt = torch::stable::new_empty(v, {s.batch, s.kv_heads, s.head_dim, columns});
   const auto transpose = choose<fp8_transpose_v>(op, v.get_device_index(), ScalarType::BFloat16, 0, {});
   const runtime::Grid grid{dim(ceil_div(columns, transpose.constant(fp8_transpose_v::BLOCK_S))), dim(s.kv_heads),
@@ -30,8 +31,8 @@ Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v
   kernels::launch_fp8_transpose_v(transpose, grid, {
       .V = v.data_ptr(), .Vt = vt.data_ptr(), .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h,
       .stride_tb = vt.stride(0), .stride_th = vt.stride(1), .stride_td = vt.stride(2),
-      .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k, .use_cu_seqlens = pack.use_cu_seqlens,
-      .use_seqused_k = pack.use_seqused_k, .seqlen_k = s.seqlen_k, .head_dim = s.head_dim, .columns = columns,
+      .CuSeqlensK = seqs.CuSeqlensK, .SequsedK = seqs.SequsedK, .use_cu_seqlens = seqs.use_cu_seqlens,
+      .use_seqused_k = seqs.use_seqused_k, .seqlen_k = s.seqlen_k, .head_dim = s.head_dim, .columns = columns,
       .key_order = key_order,
   });
   return vt;
@@ -51,7 +52,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   // built serves every length.
   // A variant's dtype is its output's; float8 inputs are its FP8 flag (common/fp8.h).
   const ScalarType out_dtype = forward_output_dtype(q.scalar_type());
-  const int64_t fp8_inputs = fp8_flag(q.scalar_type());
+  const int64_t fp8_kind = fp8_flag(q.scalar_type());
   const ArchChoice arch = choose_arch(op, attn_fwd::kId, attn_fwd::kName, q.get_device_index());
   if (fp8.active && arch.arch < 89) {
     // An sm_89 GPU runs sm_86's cubins where the build has no sm_89 ones (FATTN_CUDA_ARCHS without 89).
@@ -68,21 +69,17 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const bool loop_allowed = !fp8.active || (meets_stride_multiple(q, 16) && meets_stride_multiple(k, 16));
   const bool tile_loop =
       loop_allowed && prefers_tile_loop(arch.arch, bucket, s.seqlen_q, packed, variant.window_right >= 0);
-  // Where the build has them (the Hopper kernel's), ALiBi without a softcap first takes a variant
-  // built without the softcap's code (SCORE_MOD 3) and a bias that TMA can read one that loads
-  // it so (SCORE_MOD 4); else SCORE_MOD 1 and 2.
-  const int64_t score_mod = variant.score_mod();
-  const int64_t first_score_mod = score_mod == 1 && variant.softcap <= 0              ? 3
-                                  : score_mod == 2 && bias_rows_for_tma(variant.bias) ? 4
-                                                                                      : score_mod;
+  // The variant built for this call's score modifiers where the build has it (the Hopper kernel's),
+  // else the general one (attention_variant.h).
+  const ScoreModChoice mods = forward_score_mods(variant);
   const auto fwd = loop_allowed
       ? choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
-                               {{.SCORE_MOD = first_score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
-                                {.SCORE_MOD = first_score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs},
-                                {.SCORE_MOD = score_mod, .TILE_LOOP = tile_loop, .FP8 = fp8_inputs},
-                                {.SCORE_MOD = score_mod, .TILE_LOOP = !tile_loop, .FP8 = fp8_inputs}})
+                               {{.SCORE_MOD = mods.best, .TILE_LOOP = tile_loop, .FP8 = fp8_kind},
+                                {.SCORE_MOD = mods.best, .TILE_LOOP = !tile_loop, .FP8 = fp8_kind},
+                                {.SCORE_MOD = mods.general, .TILE_LOOP = tile_loop, .FP8 = fp8_kind},
+                                {.SCORE_MOD = mods.general, .TILE_LOOP = !tile_loop, .FP8 = fp8_kind}})
       : choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
-                               {{.SCORE_MOD = score_mod, .TILE_LOOP = false, .FP8 = fp8_inputs}});
+                               {{.SCORE_MOD = mods.general, .TILE_LOOP = false, .FP8 = fp8_kind}});
   const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
   // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
   // short programs itself.
@@ -103,47 +100,31 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   q = aligned_for_kernel(q);
   k = aligned_for_kernel(k);
   v = aligned_for_kernel(v);
-  const KernelScores scores = kernel_scores(variant, softmax_scale, s.head_dim, lse);
-  const KernelSegments segments = kernel_segments(variant, lse);
-  const KernelSpans spans =
-      kernel_segment_spans(op, variant, s, SpanOver::kQueryTiles, fwd.constant(attn_fwd::BLOCK_M), lse);
-  const std::optional<Tensor> unit_sinks = unit_stride(sinks);
-  const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
-  const KernelBias bias = kernel_bias(variant.bias, lse);
-  const Packing pack = packing(cu_seqlens_q, cu_seqlens_k, seqused_k, lse);
-  const RowStrides qs = row_strides(q), ks = row_strides(k), os = row_strides(out);
-  const LseStrides ls = lse_strides(lse);
-  const KernelDescales descales = kernel_descales(fp8, s, lse);
+  LaunchScope scope(lse);
+  const kernels::SequencesArgs seqs = sequences_args(scope, cu_seqlens_q, cu_seqlens_k, seqused_k);
   // FP8 V is read as V^T, one row of keys per (sequence, KV head, dim), padded to whole tiles.
   const int64_t v_columns = fp8.active ? ceil_div(s.seqlen_k, fwd.constant(attn_fwd::BLOCK_N)) *
                                              fwd.constant(attn_fwd::BLOCK_N) : 0;
   // The Hopper kernel (the looping one) reads its keys in its P's order.
-  if (fp8.active) v = transposed_fp8_v(op, s, v, v_columns, pack, fwd.constant(attn_fwd::TILE_LOOP) ? 1 : 0);
-  const RowStrides vts = fp8.active ? RowStrides{v.stride(0), 0, v.stride(1)} : row_strides(v);
-  const int64_t stride_vd = fp8.active ? v.stride(2) : 0;
+  if (fp8.active) v = transposed_fp8_v(op, s, v, v_columns, seqs, fwd.constant(attn_fwd::TILE_LOOP) ? 1 : 0);
+  const RowStrides qs = row_strides(q), ks = row_strides(k), os = row_strides(out);
+  const RowStrides vs = fp8.active ? RowStrides{v.stride(0), 0, v.stride(1)} : row_strides(v);
+  const LseStrides ls = lse_strides(lse);
   kernels::launch_attn_fwd(fwd, grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),
       .stride_qb = qs.b, .stride_qs = qs.s, .stride_qh = qs.h, .stride_kb = ks.b, .stride_ks = ks.s,
-      .stride_kh = ks.h, .stride_vb = vts.b, .stride_vs = vts.s, .stride_vh = vts.h, .stride_ob = os.b,
+      .stride_kh = ks.h, .stride_vb = vs.b, .stride_vs = vs.s, .stride_vh = vs.h, .stride_ob = os.b,
       .stride_os = os.s, .stride_oh = os.h, .stride_lseb = ls.b, .stride_lseh = ls.h,
-      .CuSeqlensQ = pack.cu_seqlens_q, .CuSeqlensK = pack.cu_seqlens_k, .SequsedK = pack.seqused_k,
-      .use_cu_seqlens = pack.use_cu_seqlens, .use_seqused_k = pack.use_seqused_k,
-      .seqlen_q = s.seqlen_q, .seqlen_k = s.seqlen_k, .kv_group_size = s.group(), .head_dim = s.head_dim,
-      .window_left = variant.window_left, .window_right = variant.window_right,
-      .Alibi = scores.alibi, .stride_alibib = variant.alibi_stride_b(), .stride_alibih = variant.alibi_stride_h(),
-      .use_alibi = scores.use_alibi, .alibi_offset = variant.alibi_offset, .QSegmentIds = segments.q,
-      .KvSegmentIds = segments.kv, .stride_qsegb = segments.stride_q, .stride_kvsegb = segments.stride_kv,
-      .use_segments = segments.use_segments, .SegmentSpans = spans.data, .stride_spanb = spans.stride_b,
-      .qk_scale = scores.qk_scale, .softcap_log2 = scores.softcap_log2, .Sinks = sink_args.sinks,
-      .use_sinks = sink_args.use_sinks, .Bias = bias.bias, .stride_biasb = bias.stride_b,
-      .stride_biash = bias.stride_h, .stride_biasq = bias.stride_q, .use_bias = bias.use_bias,
-      .DropoutSeed = kernel_dropout_seed(variant.dropout, variant.dropout_seed, lse),
-      .dropout_threshold = variant.dropout.threshold, .dropout_scale = variant.dropout.scale,
-      .QDescale = descales.q, .KDescale = descales.k, .VDescale = descales.v,
-      .stride_qdescaleb = descales.stride_qb, .stride_qdescaleh = descales.stride_qh,
-      .stride_kdescaleb = descales.stride_kb, .stride_kdescaleh = descales.stride_kh,
-      .stride_vdescaleb = descales.stride_vb, .stride_vdescaleh = descales.stride_vh,
-      .q_descale_group = descales.q_group, .p_scale = kFp8ProbabilityScale, .stride_vd = stride_vd,
+      .sequences = seqs,
+      .shape = shape_args(s),
+      .window = window_args(variant),
+      .alibi = alibi_args(scope, variant),
+      .segments = segments_args(scope, op, variant, s, SpanOver::kQueryTiles, fwd.constant(attn_fwd::BLOCK_M)),
+      .scores = scores_args(resolve_softmax_scale(softmax_scale, s.head_dim), variant.softcap),
+      .sinks = sinks_args(scope, sinks),
+      .bias = bias_args(scope, variant.bias),
+      .dropout = dropout_args(scope, variant),
+      .fp8_inputs = fp8_inputs_args(scope, fp8, s, fp8.active ? v.stride(2) : 0),
   });
   return {out, lse};
 }

@@ -49,28 +49,4 @@ CpuDescales cpu_descales(const Fp8Inputs& fp8, const AttentionShape& s) {
           expand_descale(fp8.v_descale, s.batch, s.kv_heads)};
 }
 
-KernelDescales kernel_descales(const Fp8Inputs& fp8, const AttentionShape& s, const Tensor& placeholder) {
-  KernelDescales out{placeholder.data_ptr(), placeholder.data_ptr(), placeholder.data_ptr(), 0, 0, 0, 0, 0, 0, 1, {}};
-  if (!fp8.active) return out;
-  const std::optional<Tensor>* descales[] = {&fp8.q_descale, &fp8.k_descale, &fp8.v_descale};
-  const void** addresses[] = {&out.q, &out.k, &out.v};
-  int64_t* strides[][2] = {{&out.stride_qb, &out.stride_qh}, {&out.stride_kb, &out.stride_kh},
-                           {&out.stride_vb, &out.stride_vh}};
-  for (int i = 0; i < 3; ++i) {
-    if (descales[i]->has_value()) {
-      const Tensor& d = **descales[i];
-      *addresses[i] = d.data_ptr();
-      *strides[i][0] = d.size(0) > 1 ? d.stride(0) : 0;
-      *strides[i][1] = d.size(1) > 1 ? d.stride(1) : 0;
-      if (i == 0) out.q_group = s.heads / d.size(1);
-    } else {
-      Tensor one = torch::stable::new_empty(placeholder, {1}, ScalarType::Float);
-      torch::stable::fill_(one, 1.0);
-      *addresses[i] = one.data_ptr();
-      out.ones.push_back(one);
-    }
-  }
-  return out;
-}
-
 }  // namespace fattn

@@ -34,17 +34,5 @@ struct CpuDescales {
 };
 CpuDescales cpu_descales(const Fp8Inputs& fp8, const AttentionShape& s);
 
-// attn_fwd's descale arguments: each descale's address and (b, h) strides, q_descale's query
-// heads per entry; a missing descale is a one-element tensor of 1 (strides 0), and without FP8
-// every address is `placeholder`'s (never read).
-struct KernelDescales {
-  const void* q;
-  const void* k;
-  const void* v;
-  int64_t stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh;
-  int64_t q_group;
-  std::vector<Tensor> ones;  // keeps the stand-ins for missing descales alive until the launch
-};
-KernelDescales kernel_descales(const Fp8Inputs& fp8, const AttentionShape& s, const Tensor& placeholder);
 
 }  // namespace fattn

@@ -28,19 +28,5 @@ inline LseStrides lse_strides(const Tensor& lse) {
   return {0, lse.stride(0)};
 }
 
-// The varlen offsets as the kernels take them; unused pointers point at `placeholder` and
-// are never read (their use flags are 0).
-struct Packing {
-  const void* cu_seqlens_q;
-  const void* cu_seqlens_k;
-  const void* seqused_k;
-  int64_t use_cu_seqlens, use_seqused_k;
-};
-inline Packing packing(const std::optional<Tensor>& cu_seqlens_q, const std::optional<Tensor>& cu_seqlens_k,
-                       const std::optional<Tensor>& seqused_k, const Tensor& placeholder) {
-  auto ptr = [&](const std::optional<Tensor>& t) { return t.has_value() ? t->data_ptr() : placeholder.data_ptr(); };
-  return {ptr(cu_seqlens_q), ptr(cu_seqlens_k), ptr(seqused_k), cu_seqlens_q.has_value() ? 1 : 0,
-          seqused_k.has_value() ? 1 : 0};
-}
 
 }  // namespace fattn

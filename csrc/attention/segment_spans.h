@@ -12,20 +12,13 @@
 
 namespace fattn {
 
-// The spans as a kernel takes them (SegmentSpans, stride_spanb): int32 [batch, tiles, 4] on the
-// current stream, kept alive in `spans` across the attention launch; `placeholder`'s address
-// and nothing launched when the call has no segment ids.
-struct KernelSpans {
-  std::optional<Tensor> spans;
-  const void* data;
-  int64_t stride_b;
-};
-
 enum class SpanOver { kQueryTiles, kKeyTiles };
 
-// Query tiles get the keys they need (forward, dQ); key tiles the queries (dK/dV). Call it after
-// every check: it launches.
-KernelSpans kernel_segment_spans(const char* op, const AttentionVariant& variant, const AttentionShape& s,
-                                 SpanOver over, int64_t tile, const Tensor& placeholder);
+// Each tile's span of the other side under the call's segment ids (which it must have), as the
+// attention kernels read them (SegmentSpans): int32 [batch, tiles, 4], written on the current
+// stream. Query tiles get the keys they need (forward, dQ); key tiles the queries (dK/dV). Call it
+// after every check: it launches.
+Tensor tile_segment_spans(const char* op, const AttentionVariant& variant, const AttentionShape& s, SpanOver over,
+                          int64_t tile);
 
 }  // namespace fattn

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "attention/attention_variant.h"
+#include "attention/kernel_args.h"
 #include "common/fp8.h"
 #include "common/kernel_choice.h"
 #include "decode/decode_impl.h"
@@ -94,19 +95,6 @@ void check_fp8_arch(int device, ScalarType cache_dtype) {
        ") is sm_", device_arch);
 }
 
-// An FP8 cache's descale factors as the kernels read them: a pointer and (b, kv head) strides,
-// with use 0 and a placeholder pointer (never read: the factor is 1) when not given.
-struct DescaleArgs {
-  const void* ptr;
-  int64_t stride_b, stride_h;
-  int use;
-};
-
-DescaleArgs descale_args(const std::optional<Tensor>& descale, const Tensor& placeholder) {
-  if (!descale) return {placeholder.data_ptr(), 0, 0, 0};
-  return {descale->data_ptr(), kernel_stride(*descale, 0), kernel_stride(*descale, 1), 1};
-}
-
 // Where the cache's rows are: the tensors the kernels read, the block table's view and the
 // optional row indirection.
 struct CacheView {
@@ -124,7 +112,7 @@ struct RotaryArgs {
 };
 
 void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const DecodeShape& s, const CacheView& c,
-            const RotaryArgs& r, const Tensor& k, const Tensor& v, const DescaleArgs& kd, const DescaleArgs& vd) {
+            const RotaryArgs& r, const Tensor& k, const Tensor& v, const kernels::CacheDescalesArgs& descales) {
   const Tensor k_new = aligned_for_kernel(k), v_new = aligned_for_kernel(v);
   kernels::launch_kv_append(kernel, grid, {
       .KNew = k_new.data_ptr(), .VNew = v_new.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(),
@@ -137,8 +125,7 @@ void append(const runtime::Variant<kv_append>& kernel, runtime::Grid grid, const
       .stride_tb = c.stride_tb, .page_size = s.page_size, .capacity = s.capacity, .head_dim = s.head_dim,
       .use_batch_idx = s.batch_idx ? 1 : 0, .stride_ro = r.stride, .seqlen_ro = s.seqlen_ro,
       .rotary_dim = s.rotary_dim, .rotary_interleaved = s.rotary_interleaved ? 1 : 0,
-      .KDescale = kd.ptr, .stride_kdb = kd.stride_b, .stride_kdh = kd.stride_h, .use_k_descale = kd.use,
-      .VDescale = vd.ptr, .stride_vdb = vd.stride_b, .stride_vdh = vd.stride_h, .use_v_descale = vd.use});
+      .cache_descales = descales});
 }
 
 // FATTN_DEBUG_CHECKS=1 (read per call, so a test or a debugging session can flip it): the
@@ -229,9 +216,10 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   const Tensor cos = rotary_cos ? torch::stable::contiguous(*rotary_cos) : q;
   const Tensor sin = rotary_sin ? torch::stable::contiguous(*rotary_sin) : q;
   const RotaryArgs rotary{cos.data_ptr(), sin.data_ptr(), rotary_cos ? cos.stride(0) : 0};
-  // Placeholders point at lse (float32, never read: use 0).
-  const DescaleArgs kd = descale_args(k_descale, lse), vd = descale_args(v_descale, lse);
-  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, rotary, *k, *v, kd, vd);
+  // Pointers the call does not use point at lse (float32, never read: use 0).
+  LaunchScope scope(lse);
+  const kernels::CacheDescalesArgs descales = cache_descales_args(scope, k_descale, v_descale);
+  if (k && s.seqlen_new > 0) append(kv, append_grid, s, c, rotary, *k, *v, descales);
   if (out.numel() == 0) return {out, lse};  // no query heads: the append was all there was to do
   if (s.rotary_dim > 0) {  // q rotated into a contiguous copy, which the split kernel then reads
     Tensor q_rot = torch::stable::new_empty(q, {s.batch, s.seqlen_q, s.heads, s.head_dim});
@@ -250,10 +238,6 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
     part_out = torch::stable::new_empty(q, {splits, s.batch, s.seqlen_q, s.heads, s.head_dim}, ScalarType::Float);
     part_lse = torch::stable::new_empty(q, {splits, s.batch, s.heads, s.seqlen_q}, ScalarType::Float);
   }
-  // Scores are kept in the log2 domain (attention_variant.h's score_scales).
-  const ScoreScales scales = score_scales(resolve_softmax_scale(softmax_scale, s.head_dim), softcap);
-  const std::optional<Tensor> unit_sinks = unit_stride(sinks);
-  const KernelSinks sink_args = kernel_sinks(unit_sinks, lse);
   kernels::launch_attn_decode_split(split, split_grid, {
       .Q = q.data_ptr(), .KCache = c.k.data_ptr(), .VCache = c.v.data_ptr(), .CacheSeqlens = c.seqlens.data_ptr(),
       .BlockTable = c.table, .CacheBatchIdx = c.batch_idx, .CacheLeftpad = leftpad.data_ptr(),
@@ -264,13 +248,12 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
       .stride_vb = kernel_stride(c.v, 0), .stride_vs = kernel_stride(c.v, 1), .stride_vh = kernel_stride(c.v, 2),
       .stride_tb = c.stride_tb, .seqlen_q = s.seqlen_q, .num_heads = s.heads, .kv_group_size = s.group(),
       .head_dim = s.head_dim, .seqlen_new = s.seqlen_new, .capacity = s.capacity, .page_size = s.page_size,
-      .num_splits = splits, .window_left = s.window_left, .window_right = s.window_right,
-      .Alibi = alibi_slopes ? alibi_slopes->data_ptr() : lse.data_ptr(), .stride_alibib = alibi_stride_b(alibi_slopes),
+      .num_splits = splits, .window = window_args(s.window_left, s.window_right),
+      .Alibi = scope.address_of(alibi_slopes), .stride_alibib = alibi_stride_b(alibi_slopes),
       .stride_alibih = alibi_stride_h(alibi_slopes), .use_alibi = alibi_slopes ? 1 : 0,
-      .qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2, .Sinks = sink_args.sinks,
-      .use_sinks = sink_args.use_sinks, .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0,
-      .KDescale = kd.ptr, .stride_kdb = kd.stride_b, .stride_kdh = kd.stride_h, .use_k_descale = kd.use,
-      .VDescale = vd.ptr, .stride_vdb = vd.stride_b, .stride_vdh = vd.stride_h, .use_v_descale = vd.use});
+      .scores = scores_args(resolve_softmax_scale(softmax_scale, s.head_dim), softcap),
+      .sinks = sinks_args(scope, sinks), .use_batch_idx = s.batch_idx ? 1 : 0, .use_leftpad = s.leftpad ? 1 : 0,
+      .cache_descales = descales});
   if (splits > 1) {
     kernels::launch_attn_decode_merge(merge, merge_grid, {
         .PartOut = part_out.data_ptr(), .PartLse = part_lse.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),

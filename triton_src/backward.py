@@ -14,7 +14,7 @@ With S = scale * Q K^T and P = softmax(S): dP = dO V^T, dS = P * (dP - delta),
 dQ = scale * dS K, dK = scale * dS^T Q. Scores use the log2 domain as in the forward
 (qk_scale = scale * log2(e)); the natural-log lse is converted once per tile. Masks,
 window ranges, softcap, ALiBi, the bias and the dropout mask are the forward's
-(triton_src/common.py); the softcap multiplies dS by its derivative 1 - tanh^2 before the
+(triton_src/masks.py, score_mods.py, dropout.py); the softcap multiplies dS by its derivative 1 - tanh^2 before the
 products with Q and K. With dropout (keep mask Z, kept with probability 1 - p):
 dV = (P * Z)^T dO / (1 - p), dP = (dO V^T) * Z / (1 - p), and delta uses the dropped out.
 The bias's gradient is dS itself (dkdv writes it; the op sums broadcast dims).
@@ -23,11 +23,11 @@ The bias's gradient is dS itself (dkdv writes it; the op sums broadcast dims).
 import triton
 import triton.language as tl
 
-from .common import (
-    LOG2E, alibi_slope_log2, bias_log2, dropout_keep, key_visible, lse_log2, mask_every_tile,
-    modified_scores, segment_ids, segment_span, sequence_span, tile_at, tile_loop_bounds, visible_key_range,
-    visible_query_range,
-)
+from .dropout import dropout_keep
+from .masks import key_visible, mask_every_tile, segment_ids, segment_span, visible_key_range, visible_query_range
+from .score_mods import alibi_slope_log2, bias_log2, modified_scores
+from .softmax import lse_log2
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .arguments import ALIBI, BIAS, DROPOUT, SCORES, SEGMENTS, SEQUENCES, SHAPE, WINDOW
 from .spec import KernelSpec, Param, f32, f32_tensor, i32, index_tensor, strides, tensor
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN

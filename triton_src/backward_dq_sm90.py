@@ -28,7 +28,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .backward import ATTN_BWD_DQ
 from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
-from .common import alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, sequence_span
+from .masks import key_visible, segment_ids
+from .score_mods import alibi_scores, modified_scores
+from .softmax import lse_log2
+from .tiles import sequence_span
 from .dropout_sm90 import dropout_keep
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
 from .spec import KernelSpec

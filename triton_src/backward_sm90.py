@@ -51,10 +51,10 @@ from triton.experimental.gluon.language._core import builtin
 from triton._C.libtriton import ir
 
 from .backward import ATTN_BWD_DKDV
-from .common import (
-    alibi_scores, key_visible, lse_log2, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
-    tile_loop_bounds, visible_query_range,
-)
+from .masks import key_visible, segment_ids, segment_span, visible_query_range
+from .score_mods import alibi_scores, modified_scores
+from .softmax import lse_log2
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .dropout_sm90 import dropout_keep
 from .spec import KernelSpec
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
@@ -74,7 +74,7 @@ def _query_tiles(start_n, seqlen_q, seqlen_k, window_left, window_right, use_seg
     """attn_bwd_dkdv's query tiles for the key tile at start_n as one sequence: (lo, full_lo,
     full_hi, n_full, n_tiles). Tile i < n_full starts at row full_lo + i * BLOCK_M and needs no
     mask; the others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start).
-    Segment ids as common.segment_span says, from the key tile's span at span_base."""
+    Segment ids as masks.segment_span says, from the key tile's span at span_base."""
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
     lo, full_lo, full_hi, hi = segment_span(span_base, start_n, seqlen_k, lo, full_lo, full_hi, hi, use_segments,

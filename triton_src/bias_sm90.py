@@ -3,7 +3,7 @@
 bias_tma_args gathers): the
 producer loads each visited key tile's bias rows of each consumer, [WG_M, BLOCK_N], into that
 consumer's one slot, and the consumer adds them to its scores and releases the slot. TMA
-zero-fills past the sequence's ends, as common.bias_log2's masked loads do; the op sends a bias
+zero-fills past the sequence's ends, as score_mods.bias_log2's masked loads do; the op sends a bias
 TMA cannot read (broadcast over the queries, rows not a multiple of 16 bytes) to bias_dropout.
 """
 

@@ -35,9 +35,9 @@ import os
 import triton
 import triton.language as tl
 
-from .common import (
-    LOG2E, initial_softmax_state, merge_finish, merge_rescale, softcap_tanh, softmax_finish, softmax_step,
-)
+from .constants import LOG2E
+from .score_mods import softcap_tanh
+from .softmax import initial_softmax_state, merge_finish, merge_rescale, softmax_finish, softmax_step
 from .fp8 import to_fp8
 from .arguments import CACHE_DESCALES, SCORES, SINKS, WINDOW
 from .spec import KernelSpec, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor, view
@@ -554,7 +554,7 @@ def attn_decode_merge(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim if PAD_D else offs_d < BLOCK_D
 
-    # One pass (the online merge of triton_src/common.py): the lse and the partials of a
+    # One pass (the online merge of triton_src/softmax.py): the lse and the partials of a
     # chunk of splits are loaded together, so the common case (num_splits <= BLOCK_S) is a
     # single round trip to memory.
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)

@@ -1,7 +1,7 @@
-"""The dropout keep-mask for the Hopper (Gluon) kernels: common.dropout_keep's draws, bit for
+"""The dropout keep-mask for the Hopper (Gluon) kernels: dropout.dropout_keep's draws, bit for
 bit, laid out as a wgmma accumulator tile.
 
-common.dropout_keep gives each Philox call the 2 x 4 block of rows {i, i + 8} x keys {k, k + 1,
+dropout.dropout_keep gives each Philox call the 2 x 4 block of rows {i, i + 8} x keys {k, k + 1,
 k + 8, k + 9} that one thread of a tensor-core accumulator holds. Triton finds that layout
 itself; Gluon's tensors carry explicit layouts, so here the call grid is laid out so that each
 thread makes the calls whose draws it keeps, and the draws are spread over the tile by joins,
@@ -27,7 +27,7 @@ _CALL_GRID = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
 @gluon.jit
 def dropout_keep(seed, batch, head, row0, key0, threshold, layout: gl.constexpr, ROWS: gl.constexpr,
                  KEYS: gl.constexpr, KEYS_FIRST: gl.constexpr, scratch=None):
-    """common.dropout_keep (its draw of every (row, key) of the tile at row0, key0, multiples of
+    """dropout.dropout_keep (its draw of every (row, key) of the tile at row0, key0, multiples of
     16, counted from the sequence's start): bool [ROWS, KEYS] in `layout`, or [KEYS, ROWS] when
     KEYS_FIRST, transposed through `scratch`, an int8 [ROWS, KEYS] shared buffer of the calling
     warpgroup's own. ROWS is 64, one warpgroup's rows."""

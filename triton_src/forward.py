@@ -30,11 +30,11 @@ one variant serves any mix.
 import triton
 import triton.language as tl
 
-from .common import (
-    alibi_slope_log2, bias_log2, dropout_keep, initial_softmax_state, key_visible, mask_every_tile,
-    modified_scores, segment_ids, segment_span, sequence_span, softmax_finish, softmax_step, tile_at, tile_loop_bounds,
-    visible_key_range,
-)
+from .dropout import dropout_keep
+from .masks import key_visible, mask_every_tile, segment_ids, segment_span, visible_key_range
+from .score_mods import alibi_slope_log2, bias_log2, modified_scores
+from .softmax import initial_softmax_state, softmax_finish, softmax_step
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .arguments import ALIBI, BIAS, DROPOUT, FP8_INPUTS, SCORES, SEGMENTS, SEQUENCES, SHAPE, SINKS, WINDOW
 from .fp8 import descale_at, fp8_pointer, fp8_probabilities
 from .spec import KernelSpec, f32_tensor, strides, tensor
@@ -156,7 +156,7 @@ def attn_fwd(
     With use_segments != 0 (dense layout only), query i of sequence b sees key j only if
     QSegmentIds[b, i] == KvSegmentIds[b, j] (int32, rows contiguous): SegmentSpans + b *
     stride_spanb holds segments.segment_spans' output per query tile of BLOCK_M rows, which
-    common.segment_span turns into the keys visited and the tiles left unmasked.
+    masks.segment_span turns into the keys visited and the tiles left unmasked.
     With use_sinks != 0, Sinks holds one float32 logit per query head that joins every row's
     denominator (initial_softmax_state).
     SCORE_MOD (triton_src/variants.py): ALIBI_ONLY is SOFTCAP_ALIBI for ALiBi without a softcap

@@ -26,7 +26,8 @@ Tiles are visited as in attn_fwd: the fully visible ones first without a mask, t
 edges and the end of the keys. Supported (SCORE_MOD, triton_src/variants.py): plain,
 softcap_alibi, alibi_only and bias_tma (a bias that TMA can read, with dropout, softcap and
 ALiBi: the producer loads each key tile's bias rows into shared memory with K and V;
-dropout_sm90.py draws the dropout mask), windows and causal, sinks, GQA, varlen (cu_seqlens, seqused_k), segment ids (common.segment_span);
+dropout_sm90.py draws the dropout mask), windows and causal, sinks, GQA, varlen (cu_seqlens,
+seqused_k), segment ids (masks.segment_span);
 configs.json keeps bias_dropout (any bias layout, dropout without a bias) and the 32 bucket on
 attn_fwd, and at d64 all but the long dense calls without score modifications (TILE_LOOP). The
 op guarantees what TMA needs: 16-byte aligned bases and row strides, head_dim a multiple of 8.
@@ -43,10 +44,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from .common import (
-    alibi_scores, key_visible, modified_scores, segment_ids, segment_span, sequence_span, tile_at,
-    tile_loop_bounds, visible_key_range,
-)
+from .masks import key_visible, segment_ids, segment_span, visible_key_range
+from .score_mods import alibi_scores, modified_scores
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
@@ -64,7 +64,7 @@ def _key_tiles(start_m, seqlen_q, seqlen_k, window_left, window_right, use_segme
     """attn_fwd's key tiles for the query tile at start_m as one sequence: (lo, full_lo, full_hi,
     n_full, n_tiles). Tile i < n_full starts at key full_lo + i * BLOCK_N and needs no mask; the
     others are the masked edges, [lo, full_lo) then [full_hi, hi) (_tile_start). Segment ids
-    as common.segment_span says, from the tile's span at span_base (attn_fwd's SegmentSpans)."""
+    as masks.segment_span says, from the tile's span at span_base (attn_fwd's SegmentSpans)."""
     lo, full_lo, full_hi, hi = visible_key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
     lo, full_lo, full_hi, hi = segment_span(span_base, start_m, seqlen_q, lo, full_lo, full_hi, hi, use_segments,
@@ -245,7 +245,7 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
 
 @gluon.jit
 def _softmax(s, m_i, l_i, scale, p_log2):
-    """common.softmax_step on the log2-domain scores s * scale (scale > 0): (p, alpha, m_i, l_i),
+    """softmax.softmax_step on the log2-domain scores s * scale (scale > 0): (p, alpha, m_i, l_i),
     p and l_i times 2^p_log2 (FP8 inputs' probability scale, folded into exp2's argument: no
     multiply per score; 0 for 16-bit inputs). A row that has seen only -inf keeps m = -inf and is
     shifted by 0, so no NaN reaches p or alpha."""
@@ -283,7 +283,7 @@ def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
 @gluon.jit
 def _dropped(p, mods, row0, start_n, SCORE_MOD: gl.constexpr):
     """What of the tile's probabilities reaches V: with BIAS_TMA and dropout, 0 where the
-    forward's mask (dropout_sm90.dropout_keep, common.dropout_keep's draws) drops a key; the
+    forward's mask (dropout_sm90.dropout_keep, dropout.dropout_keep's draws) drops a key; the
     row sums keep them (dropout acts after the softmax), and the output is scaled at the end."""
     if SCORE_MOD == BIAS_TMA:
         seed, batch, head, threshold = mods[1], mods[2], mods[3], mods[4]
@@ -461,7 +461,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     else:
         p_log2 = 0.0
         l_unit = 1.0
-    # common.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 (l_unit) at m =
+    # softmax.initial_softmax_state: a sink joins the denominator as exp2(0) = 1 (l_unit) at m =
     # its logit (sink_log2 is -inf without one).
     m_i = gl.zeros([WG_M], gl.float32, layout=row_layout) + sink_log2
     l_i = gl.where(m_i == float("-inf"), 0.0, l_unit)
@@ -507,7 +507,7 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
     elif not O_IN_Q_BUFFER:
         mbarrier.arrive(q_empty.index(WG), count=1)
 
-    # common.softmax_finish: rows that saw no key give out 0 and lse -inf (or the sink's).
+    # softmax.softmax_finish: rows that saw no key give out 0 and lse -inf (or the sink's).
     l_o = gl.convert_layout(l_i, orow_layout)
     empty = l_o == 0.0
     out = acc / gl.where(empty, 1.0, l_o)[:, None]

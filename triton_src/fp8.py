@@ -10,7 +10,8 @@ into the scale every score is multiplied by anyway, V's multiplies the finished 
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, sequence_span
+from .constants import INTERPRETED
+from .tiles import sequence_span
 from .spec import KernelSpec, Param, i32, index_tensor, strides, tensor
 
 

@@ -10,7 +10,7 @@ lse = max + log(sum_s w_s). Parts whose lse is -inf (they saw no key) get weight
 import triton
 import triton.language as tl
 
-from .common import merge_finish, merge_rescale
+from .softmax import merge_finish, merge_rescale
 from .spec import KernelSpec, f32_tensor, i32, strides, tensor
 
 
@@ -41,7 +41,7 @@ def attn_merge(
     split_stride = num_heads * seqlen_q * tl.num_programs(2).to(tl.int64)
 
     # One pass over the splits, rescaling as the running maximum grows (the online merge of
-    # triton_src/common.py, shared with split-K decoding).
+    # triton_src/softmax.py, shared with split-K decoding).
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

@@ -4,7 +4,7 @@ With q_segment_ids/kv_segment_ids, query i sees key j only if their ids are equa
 tile needs only the keys whose ids lie within the range of its own ids, and likewise a key tile
 in the backward needs only such queries. segment_spans finds, for every tile of one side, the
 first and the last position of the other side whose id lies in that range; the attention kernels
-then visit only the tiles from the first to the last (common.segment_span) instead of every
+then visit only the tiles from the first to the last (masks.segment_span) instead of every
 tile. For packed documents (ids that never decrease along the sequence) the span is exactly the
 documents the tile touches; for any other ids it is a superset, and the per-score mask still
 decides. When every row of the tile has one id and the positions of the other side with that id

@@ -12,8 +12,9 @@ import torch.multiprocessing as mp
 import fattn
 from fattn.reference import attention_reference
 from helpers import designed_p2p_ops
-import fattn.ring as ring_module
-from fattn.ring import _blocks_at, _plan, ring_schedule, shard, simulate, unshard
+from fattn import _ring_exchange, _ring_passes, _ring_schedule
+from fattn._ring_schedule import blocks_at, plan
+from fattn.ring import ring_schedule, shard, simulate, unshard
 
 BATCH, SEQLEN, HEADS, KV_HEADS, HEAD_DIM = 2, 24, 4, 2, 16  # 24 is divisible by 2 * world for 2, 3, 4
 
@@ -47,7 +48,7 @@ class _Counts:
 
     def __enter__(self):
         self.rings, self.launches = [], {"forward": 0, "backward": 0}
-        self._saved = (ring_module._Ring.__init__, ring_module._forward_op, ring_module._backward_op)
+        self._saved = (_ring_exchange.Ring.__init__, _ring_passes._forward_op, _ring_passes._backward_op)
         init, fwd, bwd = self._saved
 
         def counting_init(inner, group):
@@ -60,12 +61,12 @@ class _Counts:
                 return op(*args, **kwargs)
             return call
 
-        ring_module._Ring.__init__ = counting_init
-        ring_module._forward_op, ring_module._backward_op = counting("forward", fwd), counting("backward", bwd)
+        _ring_exchange.Ring.__init__ = counting_init
+        _ring_passes._forward_op, _ring_passes._backward_op = counting("forward", fwd), counting("backward", bwd)
         return self
 
     def __exit__(self, *exc):
-        ring_module._Ring.__init__, ring_module._forward_op, ring_module._backward_op = self._saved
+        _ring_exchange.Ring.__init__, _ring_passes._forward_op, _ring_passes._backward_op = self._saved
 
     @property
     def p2p_ops(self):
@@ -103,9 +104,9 @@ def _check_rank(rank, world):
             # any rank needs.
             local_len = _seqlen(world) // world
             behind, ahead = ring_schedule(world, local_len, causal, sharding, window)
-            pieces = sum(len(_plan(rank, source, world, local_len, causal, sharding, window, with_alibi))
+            pieces = sum(len(plan(rank, source, world, local_len, causal, sharding, window, with_alibi))
                          for step in range(max(behind, ahead) + 1)
-                         for source, _, _ in _blocks_at(step, rank, world, behind, ahead, None, None, None))
+                         for source, _, _ in blocks_at(step, rank, world, behind, ahead, None, None, None))
             assert counts.p2p_ops == designed_p2p_ops(behind, ahead), f"{what}: {counts.p2p_ops} P2P ops"
             assert counts.launches == {"forward": pieces, "backward": pieces}, f"{what}: {counts.launches}"
             if with_sinks:  # each rank's share of the sinks' gradient; summed, the whole
@@ -264,13 +265,13 @@ def test_skipped_steps_launch_nothing():
     # only the step-1 pieces merge, 3 of them.
     q, k, v, _, _ = _full_problem()
     merges = []
-    merge = ring_module.merge_attention_states
-    ring_module.merge_attention_states = lambda *args: merges.append(1) or merge(*args)
+    merge = _ring_passes.merge_attention_states
+    _ring_passes.merge_attention_states = lambda *args: merges.append(1) or merge(*args)
     try:
         with _Counts() as counts:
             out = simulate(q, k, v, 4, causal=True, sharding="contiguous", window_size=(2, -1))
     finally:
-        ring_module.merge_attention_states = merge
+        _ring_passes.merge_attention_states = merge
     assert counts.launches["forward"] == 7
     assert len(merges) == 3
     torch.testing.assert_close(out, attention_reference(q, k, v, None, True, window_size=(2, -1))[0])
@@ -293,7 +294,7 @@ def test_odd_contiguous_shards_under_a_window(world, causal, window):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
 def test_each_hop_holds_every_row_its_ranks_use(world):
-    # What a hop carries (fattn.ring._travel_spans) against what the pieces read: at every step
+    # What a hop carries (fattn._ring_schedule.travel_spans) against what the pieces read: at every step
     # each rank's pieces of a travelling block read K/V rows inside the rows that block holds
     # there, and each hop's rows lie inside the previous hop's (a rank forwards a slice of what it
     # received). Shards of 6 to 24 rows, both shardings, causal and not, windows one- and
@@ -306,7 +307,7 @@ def test_each_hop_holds_every_row_its_ranks_use(world):
                 for window in windows:
                     for alibi in (False, True):
                         behind, ahead = ring_schedule(world, local_len, causal, sharding, window)
-                        spans = ring_module._travel_spans(world, local_len, causal, sharding, window, alibi)
+                        spans = _ring_schedule.travel_spans(world, local_len, causal, sharding, window, alibi)
                         what = f"world {world} len {local_len} {sharding} causal={causal} window={window} alibi={alibi}"
                         assert set(spans) == {(1, h) for h in range(1, behind + 1)} | \
                             {(-1, h) for h in range(1, ahead + 1)}, what
@@ -317,9 +318,9 @@ def test_each_hop_holds_every_row_its_ranks_use(world):
                                 assert before[0] <= lo and hi <= before[1], f"{what}: hop {hop} not nested"
                         for rank in range(world):
                             for step in range(max(behind, ahead) + 1):
-                                for source, direction, _ in _blocks_at(step, rank, world, behind, ahead,
+                                for source, direction, _ in blocks_at(step, rank, world, behind, ahead,
                                                                        None, None, None):
                                     lo, hi = spans[direction, step] if direction else (0, local_len)
-                                    for p in _plan(rank, source, world, local_len, causal, sharding, window, alibi):
+                                    for p in plan(rank, source, world, local_len, causal, sharding, window, alibi):
                                         assert lo <= p.kv_rows.start and p.kv_rows.stop <= hi, \
                                             f"{what}: rank {rank} step {step} reads {p.kv_rows} outside {(lo, hi)}"

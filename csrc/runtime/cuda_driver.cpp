@@ -9,14 +9,22 @@
 namespace fattn::cuda {
 namespace {
 
-template <typename Fn>
-void resolve(void* lib, const char* name, Fn& slot) {
+// A libcuda.so.1 function, converted to the type of the Driver member it initialises.
+struct Symbol {
+  void* address;
+  template <typename Fn>
+  operator Fn() const {
+    return reinterpret_cast<Fn>(address);
+  }
+};
+
+Symbol resolve(void* lib, const char* name) {
   void* sym = dlsym(lib, name);
   if (sym == nullptr) {
     throw std::runtime_error(std::string("fattn: libcuda.so.1 has no symbol ") + name +
                              " (the NVIDIA driver is too old)");
   }
-  slot = reinterpret_cast<Fn>(sym);
+  return {sym};
 }
 
 Driver load_driver() {
@@ -27,21 +35,16 @@ Driver load_driver() {
                              (err ? err : "unknown error") +
                              ". CUDA tensors need an NVIDIA driver; CPU tensors do not.");
   }
-  Driver d{};
-  resolve(lib, "cuInit", d.cuInit);
-  resolve(lib, "cuGetErrorName", d.cuGetErrorName);
-  resolve(lib, "cuGetErrorString", d.cuGetErrorString);
-  resolve(lib, "cuDeviceGet", d.cuDeviceGet);
-  resolve(lib, "cuDeviceGetAttribute", d.cuDeviceGetAttribute);
-  resolve(lib, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain);
-  resolve(lib, "cuCtxGetCurrent", d.cuCtxGetCurrent);
-  // The _v2 names are the current ABI of these two; the plain names are legacy.
-  resolve(lib, "cuCtxPushCurrent_v2", d.cuCtxPushCurrent);
-  resolve(lib, "cuCtxPopCurrent_v2", d.cuCtxPopCurrent);
-  resolve(lib, "cuModuleLoadData", d.cuModuleLoadData);
-  resolve(lib, "cuModuleGetFunction", d.cuModuleGetFunction);
-  resolve(lib, "cuFuncSetAttribute", d.cuFuncSetAttribute);
-  resolve(lib, "cuLaunchKernel", d.cuLaunchKernel);
+  const auto fn = [lib](const char* name) { return resolve(lib, name); };
+  // Designated, so that a member left out fails the build (-Werror=missing-field-initializers).
+  // The _v2 names are the current ABI of the context push and pop; the plain names are legacy.
+  const Driver d{.cuInit = fn("cuInit"), .cuGetErrorName = fn("cuGetErrorName"),
+                 .cuGetErrorString = fn("cuGetErrorString"), .cuDeviceGet = fn("cuDeviceGet"),
+                 .cuDeviceGetAttribute = fn("cuDeviceGetAttribute"),
+                 .cuDevicePrimaryCtxRetain = fn("cuDevicePrimaryCtxRetain"), .cuCtxGetCurrent = fn("cuCtxGetCurrent"),
+                 .cuCtxPushCurrent = fn("cuCtxPushCurrent_v2"), .cuCtxPopCurrent = fn("cuCtxPopCurrent_v2"),
+                 .cuModuleLoadData = fn("cuModuleLoadData"), .cuModuleGetFunction = fn("cuModuleGetFunction"),
+                 .cuFuncSetAttribute = fn("cuFuncSetAttribute"), .cuLaunchKernel = fn("cuLaunchKernel")};
   check(d.cuInit(0), "cuInit");
   return d;
 }

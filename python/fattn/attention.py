@@ -17,15 +17,13 @@ from ._checks import (
 from . import _attn_probs, _bias, _dropout, _head_dim
 from .fp8 import check_fp8_inputs, forward_output_dtype, refuse_gradients
 from ._arguments import flag, real, window_pair
+from ._eager import call_op, eager_autograd
 from ._library import load_library
 
 load_library()
 # Bound once: attribute lookups on torch.ops cost more than the call's own Python work.
 _forward_op = torch.ops.fattn.forward.default
 _backward_op = torch.ops.fattn.backward.default
-_below_autograd = torch._C._AutoDispatchBelowAutograd
-_grad_enabled = torch.is_grad_enabled
-_is_compiling = torch.compiler.is_compiling
 
 
 def flash_attn_func(
@@ -171,19 +169,7 @@ def _attention(*args):
     q_descale, k_descale, v_descale)."""
     q, k, v = args[:3]
     sinks, bias = args[12], args[13]
-    if _is_compiling():
-        # Traced graphs differentiate through the op's registered autograd.
-        out, lse = _forward_op(*args)
-    elif _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                              (sinks is not None and sinks.requires_grad) or
-                              (bias is not None and bias.requires_grad)):
-        out, lse = _EagerAttention.apply(*args)
-    else:
-        # No gradient can flow: skip the Python autograd kernel of register_autograd, which
-        # would only find that out itself and redispatch below autograd.
-        with _below_autograd():
-            out, lse = _forward_op(*args)
-    return out, lse
+    return call_op(_forward_op, args, (q, k, v, sinks, bias), _EagerAttention)
 
 
 # ---------------------------------------------------------------- autograd
@@ -246,31 +232,6 @@ def _backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("fattn::forward", _backward, setup_context=_setup_context)
-
-
-def eager_autograd(fn: str, forward_op, setup_context, backward):
-    """A plain autograd.Function over `forward_op` and its registered setup_context/backward, for
-    eager calls: torch's generic wrapper around a registered autograd costs about 150 us of Python
-    per training step at tiny shapes (H100, benchmarks/profile_host.py), this a fraction of that.
-    `fn` names the public function in the second-order error."""
-
-    class EagerAutograd(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            with _below_autograd():
-                output = forward_op(*args)
-            setup_context(ctx, args, output)
-            return output
-
-        @staticmethod
-        def backward(ctx, dout, dlse):
-            if torch.is_grad_enabled():  # create_graph=True: the caller wants to differentiate again
-                raise RuntimeError(f"fattn.{fn}: second-order gradients are not supported (the backward is not "
-                                   "differentiable, so they would come out as 0); call backward/grad without "
-                                   "create_graph=True")
-            return backward(ctx, dout, dlse)
-
-    return EagerAutograd
 
 
 _EagerAttention = eager_autograd("flash_attn_func", _forward_op, _setup_context, _backward)

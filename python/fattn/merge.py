@@ -10,13 +10,11 @@ from . import _head_dim
 from ._checks import (
     check_head_dim, check_last_dim_contiguous, check_same_device, dtype_name, fail, lse_dtype, shape_of,
 )
+from ._eager import call_op
 from ._library import load_library
 
 load_library()
 _merge_op = torch.ops.fattn.merge_attention_states.default
-_below_autograd = torch._C._AutoDispatchBelowAutograd
-_grad_enabled = torch.is_grad_enabled
-_is_compiling = torch.compiler.is_compiling
 
 
 def merge_attention_states(outs, lses):
@@ -54,14 +52,8 @@ def merge_attention_states(outs, lses):
     # 5-D stack of a float dtype is padded; the op reports other inputs on the caller's own shapes.
     padding = _head_dim.Padding(outs) if outs.dim() == 5 and outs.dtype in _PADDABLE_DTYPES else _head_dim.Padding()
     (outs,) = padding.inputs(outs)
-    if _is_compiling() or (_grad_enabled() and (outs.requires_grad or lses.requires_grad)):
-        # Under torch.compile always: the traced graph differentiates through the registered autograd.
-        out, lse = _merge_op(outs, lses)
-    else:
-        # No gradient can flow: skip the Python autograd kernel of register_autograd, which
-        # would only find that out itself and redispatch below autograd.
-        with _below_autograd():
-            out, lse = _merge_op(outs, lses)
+    # Where a gradient can flow, through the op's registered autograd.
+    out, lse = call_op(_merge_op, (outs, lses), (outs, lses))
     return padding.output(out), lse
 
 

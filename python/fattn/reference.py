@@ -84,15 +84,8 @@ def attention_scores(q, k, softmax_scale=None, causal=False, dtype=torch.float64
     kv_heads, seqlen_k = k.shape[2], k.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     k = k.repeat_interleave(heads // kv_heads, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    row = torch.arange(seqlen_q, device=q.device)[:, None]
-    col = torch.arange(seqlen_k, device=q.device)[None, :]
-    diag = seqlen_k - seqlen_q
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.to(dtype).expand(batch, heads)[:, :, None, None]
-        scores = scores - slopes * (row + diag + alibi_offset - col).abs().to(dtype)
+    slopes = None if alibi_slopes is None else alibi_slopes.to(dtype).expand(batch, heads)[:, :, None, None]
+    scores = _modified_scores(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale, softcap, slopes, alibi_offset)
     if bias is not None:
         if bias.dtype == torch.bool:
             scores = scores.masked_fill(~bias, float("-inf"))
@@ -103,6 +96,9 @@ def attention_scores(q, k, softmax_scale=None, causal=False, dtype=torch.float64
     left, right = _window_sides(window_size)
     if causal:
         right = 0
+    row = torch.arange(seqlen_q, device=q.device)[:, None]
+    col = torch.arange(seqlen_k, device=q.device)[None, :]
+    diag = seqlen_k - seqlen_q
     if right >= 0:
         scores = scores.masked_fill(col > row + diag + right, float("-inf"))
     if left >= 0:
@@ -110,6 +106,20 @@ def attention_scores(q, k, softmax_scale=None, causal=False, dtype=torch.float64
     if q_segment_ids is not None:
         other = q_segment_ids[:, None, :, None] != kv_segment_ids[:, None, None, :]
         scores = scores.masked_fill(other, float("-inf"))
+    return scores
+
+
+def _modified_scores(scores, softcap, slopes, alibi_offset=0):
+    """scores [..., seqlen_q, seqlen_k] after the softcap, then ALiBi: -slope * |i + diagonal +
+    alibi_offset - j|, with the masks' bottom-right diagonal seqlen_k - seqlen_q; `slopes`
+    broadcasts over the last two dims (None: no ALiBi)."""
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if slopes is not None:
+        seqlen_q, seqlen_k = scores.shape[-2:]
+        i = torch.arange(seqlen_q, device=scores.device)[:, None]
+        j = torch.arange(seqlen_k, device=scores.device)[None, :]
+        scores = scores - slopes * (i + (seqlen_k - seqlen_q) + alibi_offset - j).abs().to(scores.dtype)
     return scores
 
 
@@ -271,14 +281,12 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
         values = values.to(dtype)
         qb = q[b].to(dtype).reshape(seqlen_q, kv_heads, group, head_dim)
         scores = torch.einsum("qhgd,khd->hgqk", qb, keys) * scale  # [kv_heads, group, seqlen_q, seqlen_k]
-        if softcap > 0:
-            scores = softcap * torch.tanh(scores / softcap)
+        slopes = None if alibi_slopes is None else \
+            alibi_slopes.to(dtype).expand(batch, heads)[b].reshape(kv_heads, group, 1, 1)
+        scores = _modified_scores(scores, softcap, slopes)
         t = torch.arange(seqlen_q, device=q.device)[:, None]
         j = torch.arange(seqlen_k, device=q.device)[None, :]
         diag = seqlen_k - seqlen_q
-        if alibi_slopes is not None:
-            slopes = alibi_slopes.to(dtype).expand(batch, heads)[b].reshape(kv_heads, group, 1, 1)
-            scores = scores - slopes * (t + diag - j).abs().to(dtype)
         visible = (j >= first_keys[b]).expand(seqlen_q, seqlen_k).clone()
         if right >= 0:
             visible &= j <= t + diag + right

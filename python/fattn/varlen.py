@@ -17,19 +17,17 @@ from ._checks import (
     check_dropout, check_finite, check_index_tensor, check_sinks, fail, lse_dtype, shape_of,
 )
 from ._arguments import flag, integer, real, window_pair
+from ._eager import call_op, eager_autograd
 from ._library import load_library
 from .fp8 import FP8_DTYPES, check_fp8_inputs, forward_output_dtype, refuse_gradients
 from .paged_varlen import paged_varlen_forward
 from .attention import (
-    AttentionShape, check_attention_variant, check_backward_inputs, check_qkv, eager_autograd, sinks_gradient,
+    AttentionShape, check_attention_variant, check_backward_inputs, check_qkv, sinks_gradient,
 )
 
 load_library()
 _forward_op = torch.ops.fattn.varlen_forward.default
 _backward_op = torch.ops.fattn.varlen_backward.default
-_below_autograd = torch._C._AutoDispatchBelowAutograd
-_grad_enabled = torch.is_grad_enabled
-_is_compiling = torch.compiler.is_compiling
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -126,13 +124,7 @@ def _varlen_attention(*args):
     """(out, lse) through the cheapest path that keeps gradients right; args are the op's."""
     q, k, v = args[:3]
     sinks = args[15]
-    if _is_compiling():
-        return _forward_op(*args)
-    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                            (sinks is not None and sinks.requires_grad)):
-        return _EagerVarlen.apply(*args)
-    with _below_autograd():
-        return _forward_op(*args)
+    return call_op(_forward_op, args, (q, k, v, sinks), _EagerVarlen)
 
 
 # ---------------------------------------------------------------- autograd

@@ -18,7 +18,7 @@ bf16, 32 query heads over 8 KV heads, d128, batch 1. Every implementation comput
                       refuses is recorded with its error
 
 TFLOP/s count the visible (query, key) pairs only: 4 * heads * head_dim * pairs. Timing:
-common.time_ms over CUDA-graph replays (eager if a capture fails). Every output is first checked
+common.graph_or_eager_ms: CUDA-graph replays (eager if a capture fails). Every output is first checked
 against float64 attention on its last 64 queries of 4 heads; a wrong fattn result is not timed
 and makes the exit status 1. The goal this measures: paged within 5 % of contiguous varlen.
 """
@@ -36,8 +36,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (Results, fmt_size, int_list, paginate, parse_size, print_table, require_device,  # noqa: E402
-                    short_error, time_ms)
+from common import (Results, fmt_size, graph_or_eager_ms, int_list, paginate, parse_size,  # noqa: E402
+                    print_table, require_device, short_error)
 
 import fattn  # noqa: E402
 
@@ -130,18 +130,6 @@ def calls_for(q, k, v, pool, table, context, device):
     }
 
 
-def time_call(args, call):
-    timing = dict(warmup=args.warmup, reps=args.reps, device=args.device)
-    calls = [call] * args.calls
-    if args.device != "cuda":
-        return time_ms(calls, **timing), "wall"
-    try:
-        return time_ms(calls, graph=True, **timing), "graph"
-    except Exception as e:  # noqa: BLE001  (a peer that cannot be captured is still timed)
-        torch.cuda.synchronize()
-        return time_ms(calls, **timing), f"eager (graph capture failed: {short_error(e, 200)})"
-
-
 def run_case(args, results, chunk, context):
     dev = args.device
     print(f"\n[chunk {chunk} over a {fmt_size(context)} cache]", flush=True)
@@ -158,7 +146,8 @@ def run_case(args, results, chunk, context):
         try:
             error, err = check(call(), ref)
             if error is None:
-                ms, how = time_call(args, call)
+                ms, how = graph_or_eager_ms([call] * args.calls, warmup=args.warmup, reps=args.reps,
+                                            device=args.device)
         except Exception as e:  # noqa: BLE001  (a peer without a kernel for this case, an fattn error)
             error = short_error(e, 800)
         row = results.add(case, impl, ms, error, flops=flops, max_abs_err=err, timing=how)

@@ -6,7 +6,7 @@
     python benchmarks/bench_decode.py --device cpu --quick # smoke run of every code path
     python benchmarks/bench_decode.py --kv-dtype e4m3 --no-peers --batch 1 --contexts 128k
     python benchmarks/bench_decode.py --kv-dtype e4m3 --no-peers --batch 8 --contexts 64k
-    python benchmarks/plot_decode.py benchmarks/results/decode_h100.json
+    python benchmarks/plot.py benchmarks/results/decode_h100.json
 
 One decode step: bf16, 32 query heads over 8 KV heads (GQA), d128, one query token, no
 append, cache_seqlens = context, non-causal. Decoding reads the whole cache, so rows carry
@@ -25,7 +25,7 @@ the same run (GB/s of the FP8 bytes read, checked against float64 attention over
 cache); the summary prints each case's FP8 / bf16 time ratio (the bar: <= 0.55 at batch 1 / 128k
 and batch 8 / 64k).
 
-Timing (common.time_ms): --calls back-to-back calls in a CUDA graph, replayed --reps times.
+Timing (common.graph_or_eager_ms): --calls back-to-back calls in a CUDA graph, replayed --reps times.
 Contexts under --rotate-mb of K+V get several cache copies, consecutive calls reading
 different ones, so that the L2 cannot serve a call. Every output is first checked against a
 float64 reference; a wrong fattn result is not timed and makes the exit status 1.
@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (Results, decode_reference, fmt_size, int_list, paginate, parse_size,  # noqa: E402
-                    print_table, require_device, sdpa_peers, short_error, time_ms)
+from common import (Results, decode_reference, fmt_size, graph_or_eager_ms, int_list, paginate,  # noqa: E402
+                    parse_size, print_table, require_device, sdpa_peers, short_error)
 
 import fattn  # noqa: E402
 
@@ -141,18 +141,6 @@ def check(out, ref):
     return f"WRONG RESULT: {errs} (tolerances {ATOL}, {RTOL_L2})", errs
 
 
-def time_calls(args, calls):
-    """(ms per call, how): CUDA-graph replays of the call list, eager when the capture fails."""
-    timing = {"warmup": args.warmup, "reps": args.reps, "device": args.device}
-    if not args.graph:
-        return time_ms(calls, **timing), "eager"
-    try:
-        return time_ms(calls, graph=True, **timing), "graph"
-    except Exception as e:  # noqa: BLE001  (an op that cannot be captured is still timed)
-        torch.cuda.synchronize()  # raises if the context is broken: the case fails
-        return time_ms(calls, **timing), f"eager (graph capture failed: {short_error(e, 300)})"
-
-
 def measure(results, args, case, impl, make_call, ref=None, to_ref=None, num_splits=None, nbytes=None):
     """Checks copy 0's output against ref, then times the rotated call list; adds the row (GB/s of
     nbytes per call, the case's K+V bytes by default)."""
@@ -162,7 +150,8 @@ def measure(results, args, case, impl, make_call, ref=None, to_ref=None, num_spl
         if ref is not None:
             error, metrics = check(to_ref(out) if to_ref else out, ref)
         if error is None:
-            ms, timing = time_calls(args, [make_call(i % case["copies"]) for i in range(case["calls"])])
+            ms, timing = graph_or_eager_ms([make_call(i % case["copies"]) for i in range(case["calls"])],
+                                           warmup=args.warmup, reps=args.reps, device=args.device, graph=args.graph)
     except Exception as e:  # noqa: BLE001  (a peer without a kernel for this case, an fattn error)
         error = short_error(e, 1500)
     if error is not None:

@@ -64,6 +64,22 @@ def time_ms(calls, *, warmup: int = 5, reps: int = 30, device: str = "cuda", gra
     return statistics.median(times) / len(calls)
 
 
+def graph_or_eager_ms(calls, *, warmup: int, reps: int, device: str, graph: bool = True) -> tuple[float, str]:
+    """(ms per call, how it was timed): time_ms over CUDA-graph replays of `calls`, or eagerly when
+    graph is False or the capture fails (a call that cannot be captured is still timed); the wall
+    clock on a CPU."""
+    timing = {"warmup": warmup, "reps": reps, "device": device}
+    if device != "cuda":
+        return time_ms(calls, **timing), "wall"
+    if not graph:
+        return time_ms(calls, **timing), "eager"
+    try:
+        return time_ms(calls, graph=True, **timing), "graph"
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.synchronize()  # raises if the context is broken: the case fails
+        return time_ms(calls, **timing), f"eager (graph capture failed: {short_error(e, 300)})"
+
+
 def interleaved_ms(fns: dict, pairs: int, reps: int = 10) -> dict:
     """Median milliseconds per call of each callable in `fns`, timed in turn (A B A B ...) `pairs`
     times, each sample the median of `reps` calls after one untimed call; the figure is the
@@ -309,7 +325,7 @@ def require_device(device: str, script: str) -> None:
         raise SystemExit(f"{script} needs a CUDA GPU here (for a CPU smoke run: --device cpu --quick)")
 
 
-# ----------------------------------------------------------------------------- decode data (bench_decode, tuning/tune_decode)
+# ----------------------------------------------------------------------------- decode data (bench_decode, tune_decode)
 
 
 def paginate(kv, page_size):

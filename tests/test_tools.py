@@ -1,6 +1,8 @@
 """The offline tools run on a CPU in their --quick modes: the tuner and the decode tile search
-(Triton's interpreter) and the benchmarks. They launch the kernels by argument name, so a kernel signature
-change that they do not follow fails here rather than in the next search on a GPU."""
+(Triton's interpreter), the benchmarks, the plots and the host profile; the GPU-only studies
+(benchmarks/studies/) stop with their reason after importing what they launch. The tools launch
+the kernels by argument name, so a kernel signature change that they do not follow fails here
+rather than in the next search on a GPU."""
 
 import json
 import subprocess
@@ -164,12 +166,14 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
 def test_kernel_times_refuses_a_machine_without_cuda():
     # It profiles CUDA kernels; without a GPU it stops with that reason, after importing the
     # benchmark CLI's callables it times (a renamed one fails here, not on the next GPU run).
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_times.py"), "--head-dims", "64"],
+    script = ROOT / "benchmarks" / "studies" / "kernel_times.py"
+    result = subprocess.run([sys.executable, str(script), "--head-dims", "64"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("script", ["hopper_forward_ab", "hopper_backward_ab", "revision_ab"])
+@pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
+                                    "studies/backward_streams_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
     # kernel and spec they launch (a renamed one fails here, not on the next GPU run).
@@ -252,11 +256,11 @@ def test_revision_ab_takes_the_grids_tiles_and_the_ops_programs():
 
 
 def test_hopper_backward_ab_takes_the_grids_tiles_or_a_chosen_form():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
     try:
         from hopper_backward_ab import hopper_tiles
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
     assert (hopper_tiles(128, 0, None).block_m, hopper_tiles(128, 0, None).block_n) == (64, 128)
     assert hopper_tiles(256, 1, None).block_n == 64  # the wide-head form
     assert hopper_tiles(128, 1, 64).block_n == 64  # d128 softcap: a bucket the grid leaves to attn_bwd_dkdv
@@ -289,6 +293,26 @@ def test_interleaved_timing_alternates_the_callables():
     assert set(ms) == {"a", "b"} and all(t >= 0 for t in ms.values())
     # Each sample is one untimed call and `reps` timed ones: runs of 3, alternating.
     assert calls == (["a"] * 3 + ["b"] * 3) * 3
+
+
+@pytest.mark.parametrize("result", ["forward_h100.json", "dq_sm90_h100/backward_d128_flex_h100.json",
+                                    "decode_h100.json", "host_h100.json", "variants_h100/variants.json"])
+def test_plot_draws_each_benchmarks_json(result, tmp_path):
+    # One plot.py for every benchmark CLI's JSON: the "benchmark" field picks the plot, and the
+    # committed files' older layouts (forward_h100.json's "env", decode_h100.json's "setting") still draw.
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plot.png"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plot.py"),
+                             str(ROOT / "benchmarks" / "results" / result), "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and out.stat().st_size > 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_profile_call_prints_the_host_table_on_a_cpu():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_call.py"), "host", "--device", "cpu",
+                             "--op", "forward", "--calls", "3", "--rows", "5"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and "fattn::forward" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def test_bench_variants_flex_peers_compute_what_fattn_computes():

@@ -3,14 +3,14 @@ second stream, instead of after it: both read only q, k, v, dout, lse and delta 
 different tensors, so they may overlap, and at short lengths each leaves a tail of idle SMs
 (one 12-warp program per SM, programs of uneven causal work) that the other could fill.
 
-    python benchmarks/backward_streams_ab.py [--head-dims 64,128] [--seqlens 512,1024,2048,4096] [--out FILE]
+    python benchmarks/studies/backward_streams_ab.py [--head-dims 64,128] [--seqlens 512,1024,2048,4096] [--out FILE]
 
 Each way is captured once in a CUDA graph (the JIT launches' host time left out, as the library's
 launches are cheaper) and replayed: "sequential" (dK/dV, then dQ, on one stream), "two_streams"
 (dQ forked onto a second stream before dK/dV is launched, joined after), and at d64, where
 deterministic=False accumulates dQ inside the dK/dV pass, "accumulate_dq" (the one kernel, the
 accumulator's zeroing and conversion included). The kernels are those the grid builds for sm_90
-(benchmarks/hopper_backward_ab.py's split_dkdv, split_dq, hopper_tiles). Shapes: bf16, hidden
+(benchmarks/studies/hopper_backward_ab.py's split_dkdv, split_dq, hopper_tiles). Shapes: bf16, hidden
 2048, 16k tokens, causal and not; the replays alternate --pairs times (benchmarks/common.py's
 interleaved_ms). Needs a Hopper GPU.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

@@ -1,13 +1,13 @@
 """The Hopper dK/dV (triton_src/backward_sm90.py) against attn_bwd_dkdv (triton_src/backward.py)
 on the same inputs, both through Triton's JIT (tuning/launch.py), interleaved: the
 measurement behind configs.json's choice of where the Gluon kernel replaces attn_bwd_dkdv on sm_90
-(the method of benchmarks/hopper_forward_ab.py).
+(the method of benchmarks/studies/hopper_forward_ab.py).
 
-    python benchmarks/hopper_backward_ab.py [--head-dims 64,128,256] [--out hopper_backward_ab.json]
-    python benchmarks/hopper_backward_ab.py --head-dims 128 --softcap 30 --block-n 64   # the wide form at d128
-    python benchmarks/hopper_backward_ab.py --dq --head-dims 64,128   # dQ in the dK/dV pass, or split
-    python benchmarks/hopper_backward_ab.py --dq --head-dims 128 --alibi   # the same with ALiBi slopes
-    python benchmarks/hopper_backward_ab.py --dq-kernel --head-dims 128   # the Hopper dQ kernel
+    python benchmarks/studies/hopper_backward_ab.py [--head-dims 64,128,256] [--out hopper_backward_ab.json]
+    python benchmarks/studies/hopper_backward_ab.py --head-dims 128 --softcap 30 --block-n 64   # the wide form at d128
+    python benchmarks/studies/hopper_backward_ab.py --dq --head-dims 64,128   # dQ in the dK/dV pass, or split
+    python benchmarks/studies/hopper_backward_ab.py --dq --head-dims 128 --alibi   # the same with ALiBi slopes
+    python benchmarks/studies/hopper_backward_ab.py --dq-kernel --head-dims 128   # the Hopper dQ kernel
 
 With --dq, the other choice configs.json makes: deterministic=False's dQ accumulated inside
 attn_bwd_dkdv_sm90 (ACCUMULATE_DQ, one launch; the grid's tile for it, or --block-n) against the
@@ -38,8 +38,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import triton  # noqa: E402
 

@@ -2,9 +2,9 @@
 same inputs, both through Triton's JIT (tuning/launch.py), interleaved: the measurement
 behind configs.json's choice of where the Gluon kernel replaces attn_fwd on sm_90.
 
-    python benchmarks/hopper_forward_ab.py [--head-dims 128,256] [--out hopper_forward_ab.json]
-    python benchmarks/hopper_forward_ab.py --head-dims 64 --block-n 64   # another key tile than the grid's
-    python benchmarks/hopper_forward_ab.py --programs 2   # 2 programs per (head, batch), as the op may
+    python benchmarks/studies/hopper_forward_ab.py [--head-dims 128,256] [--out hopper_forward_ab.json]
+    python benchmarks/studies/hopper_forward_ab.py --head-dims 64 --block-n 64   # another key tile than the grid's
+    python benchmarks/studies/hopper_forward_ab.py --programs 2   # 2 programs per (head, batch), as the op may
 
 Shapes: bf16, hidden 2048, 16k tokens, each seqlen causal and not. Both kernels run with the tiles
 the grid builds for this GPU (aot_build/tuned/sm90.json for attn_fwd, the configs.json
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import triton  # noqa: E402
 

@@ -2,7 +2,7 @@
 SDPA peers, on bench_attention.py's shapes (bf16, --hidden, --tokens per step), from the torch
 profiler over --calls calls. The benchmark CLI says how fast; this says which kernel to work on.
 
-    python benchmarks/kernel_times.py --pass backward --head-dims 64,128 --seqlens 4096,16384
+    python benchmarks/studies/kernel_times.py --pass backward --head-dims 64,128 --seqlens 4096,16384
 
 Prints, per case and library, the call's time as the benchmark CLI measures it (CUDA events
 around one call after a synchronize: where it exceeds the kernels' sum, the GPU waited for the
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: the CLI and common.py
 from bench_attention import make_impls, timed_call  # noqa: E402
 from common import int_list, short_error, time_ms  # noqa: E402
 

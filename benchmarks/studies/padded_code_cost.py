@@ -2,7 +2,7 @@
 with PAD_D=1 (every head-dim load and store masked by head_dim) against the exact-dim code
 (PAD_D=0), both at head_dim == BLOCK_D, through Triton's JIT (tuning/launch.py).
 
-    python benchmarks/padded_code_cost.py [--out padded_code_cost.json]
+    python benchmarks/studies/padded_code_cost.py [--out padded_code_cost.json]
 
 The build compiles only the padded code of the large kernel families, which then serves every
 head dim of its bucket (aot_build/configs.json, common/kernel_choice.h); this is the measurement
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import interleaved_ms, write_ab_rows  # noqa: E402
 import tuning.launch as launch  # noqa: E402

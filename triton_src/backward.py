@@ -23,13 +23,15 @@ The bias's gradient is dS itself (dkdv writes it; the op sums broadcast dims).
 import triton
 import triton.language as tl
 
-from .dropout import dropout_keep
-from .masks import key_visible, mask_every_tile, segment_ids, segment_span, visible_key_range, visible_query_range
+from .arguments import ALIBI, BIAS, DROPOUT, SCORES, SEGMENTS, SEQUENCES, SHAPE, WINDOW
+from .dropout import dropout_keep, dropout_seed
+from .masks import (
+    key_visible, mask_every_tile, segment_ids, segment_span, visible_key_range, visible_query_range,
+)
 from .score_mods import alibi_slope_log2, bias_log2, modified_scores
 from .softmax import lse_log2
-from .tiles import sequence_span, tile_at, tile_loop_bounds
-from .arguments import ALIBI, BIAS, DROPOUT, SCORES, SEGMENTS, SEQUENCES, SHAPE, WINDOW
 from .spec import KernelSpec, Param, f32, f32_tensor, i32, index_tensor, strides, tensor
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN
 
 @triton.jit
@@ -202,10 +204,7 @@ def attn_bwd_dkdv(
     diagonal = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                    BLOCK_M, BLOCK_N)
-    if SCORE_MOD == BIAS_DROPOUT:
-        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
-    else:
-        seed = 0
+    seed = dropout_seed(DropoutSeed, dropout_threshold, SCORE_MOD)
     lo, full_lo, full_hi, hi = segment_span(SegmentSpans + batch * stride_spanb, start_n, seqlen_k, lo, full_lo,
                                             full_hi, hi, use_segments, BLOCK_N, BLOCK_M)
     full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_M, use_bias)
@@ -219,19 +218,16 @@ def attn_bwd_dkdv(
         alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
         bias_base = Bias + batch * stride_biasb + head * stride_biash
         dbias_base = DBias + batch * stride_dbiasb + head * stride_dbiash
-        # The rows that see the whole tile without a mask, then the window's two edges with it.
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
-                                   offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
-                                   diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   alibi_offset, q_seg_base, kv_seg, use_segments, bias_base, stride_biasq,
-                                   use_bias, dbias_base, stride_dbiasq, write_dbias, seed, batch, head, start_n,
-                                   dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
-                                   offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
-                                   diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
-                                   alibi_offset, q_seg_base, kv_seg, use_segments, bias_base, stride_biasq,
-                                   use_bias, dbias_base, stride_dbiasq, write_dbias, seed, batch, head, start_n,
-                                   dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+        # The rows that see the whole tile without a mask (masked 0), then the window's two edges
+        # with it.
+        for masked in tl.static_range(2):
+            dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, Lse, Delta, row_base, stride_qs, stride_dos,
+                                       offs_n, offs_d, lo, full_lo, full_hi, hi, seqlen_q, seqlen_k, head_dim,
+                                       diagonal, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
+                                       alibi_offset, q_seg_base, kv_seg, use_segments, bias_base, stride_biasq,
+                                       use_bias, dbias_base, stride_dbiasq, write_dbias, seed, batch, head, start_n,
+                                       dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, PAD_D, masked == 1,
+                                       SCORE_MOD)
 
     dk *= softmax_scale
     _store_rows(DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh, dk, offs_n, stride_dks, offs_d,
@@ -337,27 +333,20 @@ def attn_bwd_dq(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    if SCORE_MOD == BIAS_DROPOUT:
-        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
-    else:
-        seed = 0
+    seed = dropout_seed(DropoutSeed, dropout_threshold, SCORE_MOD)
     lo, full_lo, full_hi, hi = segment_span(SegmentSpans + batch * stride_spanb, pid_m * BLOCK_M, seqlen_q, lo,
                                             full_lo, full_hi, hi, use_segments, BLOCK_M, BLOCK_N)
     full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_bias)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head * stride_biash
-    # The fully visible key tiles without a mask, then the window's two edges with it.
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
-                       offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-                       qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                       seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
-                       BLOCK_M, BLOCK_N, PAD_D, False, SCORE_MOD)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
-                       offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
-                       qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
-                       seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold, dropout_scale,
-                       BLOCK_M, BLOCK_N, PAD_D, True, SCORE_MOD)
+    # The fully visible key tiles without a mask (masked 0), then the window's two edges with it.
+    for masked in tl.static_range(2):
+        dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, pid_m * BLOCK_M, offs_m,
+                           offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right,
+                           qk_scale, softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments,
+                           seqlen_q, bias_base, stride_biasq, use_bias, seed, batch, head, dropout_threshold,
+                           dropout_scale, BLOCK_M, BLOCK_N, PAD_D, masked == 1, SCORE_MOD)
     dq *= softmax_scale
     _store_rows(DQ + batch * stride_dqb + head * stride_dqh, dq, offs_m, stride_dqs, offs_d, seqlen_q, head_dim, PAD_D)
 

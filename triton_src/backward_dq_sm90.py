@@ -28,16 +28,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .backward import ATTN_BWD_DQ
 from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
+from .dropout_sm90 import dropout_keep
+from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start, head_alibi_log2
 from .masks import key_visible, segment_ids
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
-from .tiles import sequence_span
-from .dropout_sm90 import dropout_keep
-from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start
 from .spec import KernelSpec
+from .tiles import sequence_span
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
-
-LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
@@ -247,10 +245,8 @@ def attn_bwd_dq_sm90(
         mbarrier.init(q_ready.index(b), count=1)
         mbarrier.init(turn.index(b), count=1)
 
-    alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
-    if SCORE_MOD != PLAIN:
-        if use_alibi != 0:
-            alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
+    alibi_log2 = head_alibi_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi, qk_scale * 0.0,
+                                 SCORE_MOD)
     q_seg_base = QSegmentIds + batch * stride_qsegb
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     row_base = batch * stride_lseb + head.to(gl.int64) * stride_lseh + q_start

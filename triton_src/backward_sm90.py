@@ -51,15 +51,15 @@ from triton.experimental.gluon.language._core import builtin
 from triton._C.libtriton import ir
 
 from .backward import ATTN_BWD_DKDV
+from .constants import LOG2E
+from .dropout_sm90 import dropout_keep
 from .masks import key_visible, segment_ids, segment_span, visible_query_range
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
-from .tiles import sequence_span, tile_at, tile_loop_bounds
-from .dropout_sm90 import dropout_keep
 from .spec import KernelSpec
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
 
-LOG2E = gl.constexpr(1.4426950408889634)
 # A warpgroup, though one warp could issue the loads: Triton orders a partition's shared-memory
 # stores before its mbarrier arrival (one elected thread) by a named barrier when the partition
 # has several warps, by bar.warp.sync when it has one, which compute-sanitizer's racecheck does
@@ -219,6 +219,17 @@ def _dropout_t(p_t, mods, start_m, key0, head):
     return keep_t, scale
 
 
+@gluon.jit
+def _group_alibi_log2(Alibi, alibi_base, stride_alibih, use_alibi, kv_head, kv_group_size, g):
+    """The ALiBi slope of head g of the key tile's group in the log2 domain; 0 without ALiBi
+    (nothing is read)."""
+    alibi_log2 = 0.0
+    if use_alibi != 0:
+        head = kv_head * kv_group_size + g
+        alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
+    return alibi_log2
+
+
 @builtin
 def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Adds the shared-memory tile src into global memory at coord (cp.reduce.async.bulk.tensor
@@ -339,10 +350,7 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             s_t = warpgroup_mma_wait(PIECES, deps=(s_t, ))
             s_t = s_t * qk_scale
             if SCORE_MOD != PLAIN:
-                alibi_log2 = 0.0
-                if use_alibi != 0:
-                    head = kv_head * kv_group_size + g
-                    alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
+                alibi_log2 = _group_alibi_log2(Alibi, alibi_base, stride_alibih, use_alibi, kv_head, kv_group_size, g)
                 if SCORE_MOD == ALIBI_ONLY or SCORE_MOD == BIAS_TMA:  # none of the softcap's code
                     s_t = alibi_scores(s_t, rows[None, :], keys[:, None], diagonal, alibi_log2, alibi_offset)
                     if SCORE_MOD == BIAS_TMA:
@@ -466,10 +474,7 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
             s = warpgroup_mma_wait(1, deps=(s, ))
             s = s * qk_scale
             if SCORE_MOD != PLAIN:
-                alibi_log2 = 0.0
-                if use_alibi != 0:
-                    head = kv_head * kv_group_size + g
-                    alibi_log2 = gl.load(Alibi + alibi_base + head.to(gl.int64) * stride_alibih) * LOG2E
+                alibi_log2 = _group_alibi_log2(Alibi, alibi_base, stride_alibih, use_alibi, kv_head, kv_group_size, g)
                 if SCORE_MOD == ALIBI_ONLY:
                     s = alibi_scores(s, rows[:, None], keys[None, :], diagonal, alibi_log2, alibi_offset)
                 else:

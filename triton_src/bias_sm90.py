@@ -11,7 +11,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-LOG2E = gl.constexpr(1.4426950408889634)
+from .constants import LOG2E
 
 
 @gluon.jit

@@ -35,11 +35,11 @@ import os
 import triton
 import triton.language as tl
 
+from .arguments import CACHE_DESCALES, SCORES, SINKS, WINDOW
 from .constants import LOG2E
+from .fp8 import to_fp8
 from .score_mods import softcap_tanh
 from .softmax import initial_softmax_state, merge_finish, merge_rescale, softmax_finish, softmax_step
-from .fp8 import to_fp8
-from .arguments import CACHE_DESCALES, SCORES, SINKS, WINDOW
 from .spec import KernelSpec, f32_tensor, i32, i64, index_tensor, slopes_tensor, strides, tensor, view
 
 

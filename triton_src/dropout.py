@@ -6,6 +6,8 @@ coordinates alone, so that the backward and the CPU implementation regenerate it
 import triton
 import triton.language as tl
 
+from .variants import BIAS_DROPOUT
+
 
 @triton.jit
 def _call_grid_to_tile_view(w, KEYS_FIRST: tl.constexpr):
@@ -73,3 +75,14 @@ def dropout_keep(seed, batch, head, row0, key0, threshold,
         return tl.reshape(keep, [BLOCK_KEYS, BLOCK_ROWS])
     else:
         return tl.reshape(keep, [BLOCK_ROWS, BLOCK_KEYS])
+
+
+@triton.jit
+def dropout_seed(DropoutSeed, dropout_threshold, SCORE_MOD: tl.constexpr):
+    """The dropout's int64 seed, read from the device (DropoutSeed) by the bias_dropout variants
+    when there is dropout (dropout_threshold > 0); 0 otherwise, where nothing draws from it."""
+    if SCORE_MOD == BIAS_DROPOUT:
+        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
+    else:
+        seed = 0
+    return seed

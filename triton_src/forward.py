@@ -30,14 +30,14 @@ one variant serves any mix.
 import triton
 import triton.language as tl
 
-from .dropout import dropout_keep
+from .arguments import ALIBI, BIAS, DROPOUT, FP8_INPUTS, SCORES, SEGMENTS, SEQUENCES, SHAPE, SINKS, WINDOW
+from .dropout import dropout_keep, dropout_seed
+from .fp8 import descale_at, fp8_pointer, fp8_probabilities
 from .masks import key_visible, mask_every_tile, segment_ids, segment_span, visible_key_range
 from .score_mods import alibi_slope_log2, bias_log2, modified_scores
 from .softmax import initial_softmax_state, softmax_finish, softmax_step
-from .tiles import sequence_span, tile_at, tile_loop_bounds
-from .arguments import ALIBI, BIAS, DROPOUT, FP8_INPUTS, SCORES, SEGMENTS, SEQUENCES, SHAPE, SINKS, WINDOW
-from .fp8 import descale_at, fp8_pointer, fp8_probabilities
 from .spec import KernelSpec, f32_tensor, strides, tensor
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
 
 
@@ -237,30 +237,22 @@ def attn_fwd(
     alibi_log2 = alibi_slope_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi)
     lo, full_lo, full_hi, hi = visible_key_range(pid_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right,
                                                  BLOCK_M, BLOCK_N)
-    if SCORE_MOD == BIAS_DROPOUT:
-        seed = tl.load(DropoutSeed, mask=dropout_threshold > 0, other=0)
-    else:
-        seed = 0
+    seed = dropout_seed(DropoutSeed, dropout_threshold, SCORE_MOD)
     lo, full_lo, full_hi, hi = segment_span(SegmentSpans + batch * stride_spanb, pid_m * BLOCK_M, seqlen_q, lo,
                                             full_lo, full_hi, hi, use_segments, BLOCK_M, BLOCK_N)
     full_lo, full_hi = mask_every_tile(full_lo, full_hi, hi, BLOCK_N, use_bias)
     q_seg = segment_ids(QSegmentIds + batch * stride_qsegb, offs_m, seqlen_q, use_segments)
     kv_seg_base = KvSegmentIds + batch * stride_kvsegb
     bias_base = Bias + batch * stride_biasb + head.to(tl.int64) * stride_biash
-    # The fully visible middle without a mask, then the window's two edges (and the end of
-    # the keys) with it.
-    acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, v_key_stride, pid_m * BLOCK_M, offs_m, offs_n,
-        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
-        softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
-        stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale, BLOCK_M, BLOCK_N, PAD_D, False,
-        SCORE_MOD)
-    acc, l_i, m_i = _attend_key_tiles(
-        acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, v_key_stride, pid_m * BLOCK_M, offs_m, offs_n,
-        offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
-        softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
-        stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale, BLOCK_M, BLOCK_N, PAD_D, True,
-        SCORE_MOD)
+    # The fully visible middle without a mask (masked 0), then the window's two edges (and the
+    # end of the keys) with it.
+    for masked in tl.static_range(2):
+        acc, l_i, m_i = _attend_key_tiles(
+            acc, l_i, m_i, q, k_tile_ptrs, v_tile_ptrs, stride_ks, v_key_stride, pid_m * BLOCK_M, offs_m, offs_n,
+            offs_d, lo, full_lo, full_hi, hi, seqlen_k, head_dim, diagonal, window_left, window_right, qk_scale,
+            softcap_log2, alibi_log2, alibi_offset, q_seg, kv_seg_base, use_segments, seqlen_q, bias_base,
+            stride_biasq, use_bias, seed, batch, head, dropout_threshold, p_scale, BLOCK_M, BLOCK_N, PAD_D,
+            masked == 1, SCORE_MOD)
     if SCORE_MOD == BIAS_DROPOUT:
         acc *= dropout_scale  # 1 without dropout
     if FP8:

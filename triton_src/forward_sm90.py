@@ -44,18 +44,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from .masks import key_visible, segment_ids, segment_span, visible_key_range
-from .score_mods import alibi_scores, modified_scores
-from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
+from .constants import LN2, LOG2E
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .fp8 import descale_at, fp8_pointer
+from .masks import key_visible, segment_ids, segment_span, visible_key_range
+from .score_mods import alibi_scores, modified_scores
 from .spec import KernelSpec
+from .tiles import sequence_span, tile_at, tile_loop_bounds
 from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN
 
-LOG2E = gl.constexpr(1.4426950408889634)
-LN2 = gl.constexpr(0.6931471805599453)
+
+@gluon.jit
+def head_alibi_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi, zero, SCORE_MOD: gl.constexpr):
+    """The head's ALiBi slope in the log2 domain for the consumer partitions (the dQ kernel's
+    too): `zero`, a runtime 0 (as the partitions' arguments must be runtime values), without
+    ALiBi or in the plain variant, where nothing is read."""
+    alibi_log2 = zero
+    if SCORE_MOD != PLAIN:
+        if use_alibi != 0:
+            alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
+    return alibi_log2
 
 
 @gluon.jit
@@ -697,10 +707,8 @@ def attn_fwd_sm90(
         mbarrier.init(q_empty.index(b), count=1)
         mbarrier.init(turn.index(b), count=1)
 
-    alibi_log2 = qk_scale * 0.0  # a runtime scalar, as the partitions' arguments must be
-    if SCORE_MOD != PLAIN:
-        if use_alibi != 0:
-            alibi_log2 = gl.load(Alibi + batch * stride_alibib + head.to(gl.int64) * stride_alibih) * LOG2E
+    alibi_log2 = head_alibi_log2(Alibi, batch, head, stride_alibib, stride_alibih, use_alibi, qk_scale * 0.0,
+                                 SCORE_MOD)
     sink_log2 = qk_scale * 0.0 + float("-inf")
     if use_sinks != 0:
         sink_log2 = gl.load(Sinks + head) * LOG2E

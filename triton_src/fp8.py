@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from .constants import INTERPRETED
-from .tiles import sequence_span
 from .spec import KernelSpec, Param, i32, index_tensor, strides, tensor
+from .tiles import sequence_span
 
 
 def fp8_v_row_stride(name: str) -> Param:

@@ -17,7 +17,7 @@ helpers take the calls below (`spec=`, `accumulate_dq=`, `programs=`).
 Kernels: forward (attn_fwd_sm90; --programs per (head, batch), default the op's model),
 dkdv (attn_bwd_dkdv_sm90; --accumulate-dq for deterministic=False's form), dq (attn_bwd_dq_sm90),
 with the tiles the working tree's grid builds for the bucket and score modification (--softcap
-and --alibi take the SCORE_MOD 1 variants; a head dim or flag it builds none for is refused
+and --alibi take the softcap_alibi variants, triton_src/variants.py; a head dim or flag it builds none for is refused
 before anything runs). Shapes: bf16, hidden 2048, 16k tokens (batch = 16384 / seqlen), --group
 query heads per KV head, each seqlen causal and not; lse and delta from the plain forward (both
 sides get the same, so the comparison holds whatever the variant). Each row: TFLOP/s of both
@@ -54,6 +54,7 @@ import triton  # noqa: E402
 import triton_src  # noqa: E402
 import tuning.launch  # noqa: E402
 from aot_build import grid  # noqa: E402
+from triton_src.variants import score_mod_name, score_mod_value  # noqa: E402
 from common import alibi_slopes, int_list, interleaved_ms, write_ab_rows  # noqa: E402
 from tuning.tune import Problem  # noqa: E402
 
@@ -148,7 +149,7 @@ def grid_tiles(kernel: str, head_dim: int, score_mod: int, accumulate_dq: bool) 
                 and (kernel != "dkdv" or c["ACCUMULATE_DQ"] == accumulate_dq)):
             return c["BLOCK_M"], c["BLOCK_N"], v.num_warps, v.num_stages
     raise SystemExit(f"revision_ab: the grid builds {IMPLEMENTATION[kernel]} for no {head_dim} bucket with "
-                     f"SCORE_MOD {score_mod}" + (f" and ACCUMULATE_DQ {accumulate_dq}" if kernel == "dkdv" else ""))
+                     f"SCORE_MOD {score_mod_name(score_mod)}" + (f" and ACCUMULATE_DQ {accumulate_dq}" if kernel == "dkdv" else ""))
 
 
 def kernel_call(side, kernel: str, p, tiles, causal: bool, softcap: float, accumulate_dq: bool,
@@ -188,8 +189,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,4096,16384")
     parser.add_argument("--group", type=int, default=1, help="query heads per KV head")
-    parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the SCORE_MOD 1 variants")
-    parser.add_argument("--alibi", action="store_true", help="ALiBi's slopes (the SCORE_MOD 1 variants)")
+    parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the softcap_alibi variants")
+    parser.add_argument("--alibi", action="store_true", help="ALiBi's slopes (the softcap_alibi variants)")
     parser.add_argument("--accumulate-dq", action="store_true", help="dkdv: deterministic=False's form")
     parser.add_argument("--programs", type=int, default=None, help="forward: programs per (head, batch)")
     parser.add_argument("--pairs", type=int, default=6)
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
         parser.error("--accumulate-dq is dkdv's")
     if args.programs is not None and args.kernel != "forward":
         parser.error("--programs is the forward's")
-    score_mod = int(args.softcap > 0 or args.alibi)
+    score_mod = score_mod_value("softcap_alibi" if args.softcap > 0 or args.alibi else "plain")
     tiles = {d: grid_tiles(args.kernel, d, score_mod, args.accumulate_dq) for d in head_dims}
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times sm_90 kernels: needs a Hopper GPU")

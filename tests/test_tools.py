@@ -233,16 +233,18 @@ def test_revision_ab_imports_another_revisions_kernels(tmp_path):
 def test_revision_ab_takes_the_grids_tiles_and_the_ops_programs():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from revision_ab import compare, grid_tiles, op_programs
+    from triton_src.variants import score_mod_value
 
     # The tiles configs.json's implementations give, or a refusal naming what the grid lacks.
-    assert grid_tiles("dkdv", 64, 0, True) == (64, 128, 4, 1)
-    assert grid_tiles("dkdv", 128, 1, True) == (64, 64, 4, 1)
-    assert grid_tiles("dq", 128, 0, False)[:2] == (128, 64)
-    assert grid_tiles("forward", 64, 0, False)[:2] == (192, 128)
+    plain, softcap_alibi = score_mod_value("plain"), score_mod_value("softcap_alibi")
+    assert grid_tiles("dkdv", 64, plain, True) == (64, 128, 4, 1)
+    assert grid_tiles("dkdv", 128, softcap_alibi, True) == (64, 64, 4, 1)
+    assert grid_tiles("dq", 128, plain, False)[:2] == (128, 64)
+    assert grid_tiles("forward", 64, plain, False)[:2] == (192, 128)
     with pytest.raises(SystemExit, match="attn_bwd_dq_sm90 for no 64 bucket"):
-        grid_tiles("dq", 64, 0, False)
-    with pytest.raises(SystemExit, match="attn_fwd_sm90 for no 64 bucket with SCORE_MOD 1"):
-        grid_tiles("forward", 64, 1, False)
+        grid_tiles("dq", 64, plain, False)
+    with pytest.raises(SystemExit, match="attn_fwd_sm90 for no 64 bucket with SCORE_MOD softcap_alibi"):
+        grid_tiles("forward", 64, softcap_alibi, False)
     # csrc/attention/query_tile_programs.cpp's choices at the benchmark's d128 shapes on 132 SMs
     # (benchmarks/results/forward_programs_per_pair_h100/: model_g), and its short causal rule.
     assert [op_programs(tiles, pairs, False, 132) for tiles, pairs in ((32, 64), (64, 32), (128, 16))] == [2, 4, 8]

@@ -22,6 +22,7 @@ from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
 from triton_src.forward import ATTN_FWD
 from triton_src.segments import SEGMENT_SPANS
 from triton_src.spec import tensor_strides
+from triton_src.variants import score_mod_value
 
 LOG2E = math.log2(math.e)
 
@@ -103,10 +104,11 @@ class Variant:
 
     @property
     def score_mod(self) -> int:
-        """The SCORE_MOD variant, as csrc/attention/attention_variant.h's score_mod() picks it."""
+        """The SCORE_MOD variant (triton_src/variants.py), as csrc/attention/attention_variant.h's
+        score_mod() picks it."""
         if self.bias is not None or self.dropout_p > 0:
-            return 2
-        return 1 if self.softcap > 0 or self.alibi is not None else 0
+            return score_mod_value("bias_dropout")
+        return score_mod_value("softcap_alibi" if self.softcap > 0 or self.alibi is not None else "plain")
 
 
 def dropout_threshold(p: float) -> int:

@@ -24,7 +24,7 @@ aot_build reads the chosen configs in place of configs.json's (aot_build/grid.py
 It tunes each family's own triton_src function. Where configs.json's "implementations" build
 another function in its place (the Gluon Hopper forward, dK/dV and dQ, whose tiles their structure
 fixes), the tuned tile serves the variants left to the family: on sm_90 the bias and dropout
-variants (SCORE_MOD 2), the 32 bucket, and those the implementations' entries leave out.
+variants (bias_dropout, triton_src/variants.py), the 32 bucket, and those the implementations' entries leave out.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import json
 import math
 from pathlib import Path
 
+from triton_src.variants import score_mod_value
 from tuning.tune import TUNED_DIR, Problem, _max_err, accuracy_checks, current_config, graph_replay, read_tuned
 
 NEVER = 1 << 62
@@ -60,7 +61,7 @@ def buckets_built_both_ways(arch: int) -> list[int]:
     ways: dict[int, set] = {}
     for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch)}):
         c = v.constant_dict
-        if v.kernel == "attn_fwd" and v.dtype == "bf16" and c["SCORE_MOD"] == 0 and not c.get("FP8"):
+        if v.kernel == "attn_fwd" and v.dtype == "bf16" and c["SCORE_MOD"] == score_mod_value("plain") and not c.get("FP8"):
             ways.setdefault(c["BLOCK_D"], set()).add(bool(c["TILE_LOOP"]))
     return sorted(d for d, w in ways.items() if w == {False, True})
 
@@ -71,7 +72,7 @@ def _looping_tiles(arch: int, bucket: int):
 
     for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch), "FATTN_HEAD_DIMS": str(bucket)}):
         c = v.constant_dict
-        if (v.kernel == "attn_fwd" and c["BLOCK_D"] == bucket and c["SCORE_MOD"] == 0 and c["TILE_LOOP"]
+        if (v.kernel == "attn_fwd" and c["BLOCK_D"] == bucket and c["SCORE_MOD"] == score_mod_value("plain") and c["TILE_LOOP"]
                 and not c["FP8"]):
             return v.implementation, Tiles(c["BLOCK_M"], c["BLOCK_N"], v.num_warps, v.num_stages)
     raise SystemExit(f"the grid builds no looping attn_fwd for sm{arch} bucket {bucket}")

@@ -46,7 +46,7 @@ int64_t query_tile_programs(int64_t tiles, int64_t sequence_heads, int64_t sms, 
 }  // namespace fattn
 
 // The forward's choices for a call, as the op makes them, for the tuner
-// (aot_build/tune_tile_loop.py) and tests through python/fattn/_library.py: whether it asks for the
+// (tuning/tune_tile_loop.py) and tests through python/fattn/_library.py: whether it asks for the
 // looping kernel first, and how many programs per (head, sequence) that kernel gets.
 extern "C" __attribute__((visibility("default"))) int fattn_prefers_tile_loop(int arch, int bucket, int64_t seqlen_q,
                                                                               int packed, int right_edge) {

@@ -11,7 +11,7 @@ namespace fattn {
 // Whether the forward asks for a TILE_LOOP variant first, for `arch` and head-dim `bucket`.
 // Where the build has both (sm_90, configs.json: d64, and d128 without score modifications),
 // dense calls pick by length: the looping kernel from the query rows the offline tuner found
-// it faster from (runtime::tile_loop_rows(): aot_build/tune_tile_loop.py), without and with a
+// it faster from (runtime::tile_loop_rows(): tuning/tune_tile_loop.py), without and with a
 // right edge (causal, a window). Packed sequences, whose lengths differ, keep attn_fwd at d64,
 // where the Hopper kernel measured slower for them (docs/notes/tuning.md T6), and the looping kernel above.
 // Without a tuned row it asks for the looping kernel; where the build has one of the two, that

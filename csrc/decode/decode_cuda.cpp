@@ -43,7 +43,7 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int
 }
 
 // FP8 caches: the split kernel converts every K and V value, and one program per SM leaves the
-// loads short of the bandwidth. In the H200 sweep of benchmarks/tune_decode.py --kv-dtype e4m3
+// loads short of the bandwidth. In the H200 sweep of tuning/tune_decode.py --kv-dtype e4m3
 // (docs/notes/decode.md D13) the fastest counts filled every SM with as many programs as its shared memory
 // holds, in whole waves, with chunks of about kFp8KeysPerSplit keys: 32 splits at batch 1 / 128k
 // (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (where the rule above gives 2).

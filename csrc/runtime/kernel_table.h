@@ -50,7 +50,7 @@ struct KernelEntry {
 // Where a kernel family has programs that loop over query tiles (attn_fwd's TILE_LOOP) and
 // one-tile programs in the same bucket, the query rows from which the looping variant ran
 // faster, without and with a right edge (causal, a window): measured by the offline tuner
-// (aot_build/tune_tile_loop.py, aot_build/tuned/sm<arch>.json).
+// (tuning/tune_tile_loop.py, aot_build/tuned/sm<arch>.json).
 struct TileLoopRows {
   int arch;
   int bucket;

@@ -31,7 +31,7 @@ def call_op(forward_op, args, grad_inputs, eager=None):
 def eager_autograd(fn: str, forward_op, setup_context, backward):
     """A plain autograd.Function over `forward_op` and its registered setup_context/backward, for
     eager calls: torch's generic wrapper around a registered autograd costs about 150 us of Python
-    per training step at tiny shapes (H100, benchmarks/profile_host.py), this a fraction of that.
+    per training step at tiny shapes (H100, benchmarks/profile_call.py host), this a fraction of that.
     `fn` names the public function in the second-order error."""
 
     class EagerAutograd(torch.autograd.Function):

@@ -32,7 +32,7 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
 - bucket (not in the default --studies): head dims between powers of two, each of
   --bucket-head-dims causal and not, against the same problem zero-padded to the next power of
   two and SDPA flash and cuDNN at the head dim; --tokens per step at --mod-seqlen, 16 heads;
-  with --bucket-softcap every call has that softcap (the SCORE_MOD 1 kernels) and SDPA is left out.
+  with --bucket-softcap every call has that softcap (the softcap_alibi kernels) and SDPA is left out.
 Hidden size --hidden over head dim --head-dim heads; --tokens per step for the score_mod study.
 """
 
@@ -365,7 +365,7 @@ def parse_args(argv):
     parser.add_argument("--pad-head-dims", default="59,100")
     parser.add_argument("--bucket-head-dims", default="80,96,160,192", help="bucket study: head dims to time")
     parser.add_argument("--bucket-softcap", type=float, default=0.0,
-                        help="bucket study: a softcap for every call (> 0: the SCORE_MOD 1 kernels; no SDPA peers)")
+                        help="bucket study: a softcap for every call (> 0: the softcap_alibi kernels; no SDPA peers)")
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")

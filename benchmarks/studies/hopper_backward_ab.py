@@ -101,9 +101,9 @@ def split_dq(bucket: int, score_mod: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,128,256")
-    parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the SCORE_MOD 1 variants")
+    parser.add_argument("--softcap", type=float, default=0.0, help="> 0: the softcap_alibi variants")
     parser.add_argument("--alibi", action="store_true",
-                        help="ALiBi slopes: the SCORE_MOD 1 variants, alone or with --softcap")
+                        help="ALiBi slopes: the softcap_alibi variants, alone or with --softcap")
     parser.add_argument("--block-n", type=int, default=None, choices=(64, 128),
                         help="attn_bwd_dkdv_sm90's key tile, which picks its form (default: the grid's)")
     parser.add_argument("--dq", action="store_true",

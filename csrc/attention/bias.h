@@ -13,11 +13,10 @@ void check_bias(const char* op, const std::optional<Tensor>& bias, const Attenti
 // bias_grad asks the backward for d bias: there must be a bias.
 void check_bias_grad(const char* op, const std::optional<Tensor>& bias, bool bias_grad);
 
-
-// Whether there is a bias and TMA can read its rows (SCORE_MOD 4, the Hopper kernels'):
+// Whether there is a bias and TMA can read its rows (bias_tma, the Hopper kernels'):
 // a 16-byte aligned base, a nonzero query stride and every stride a multiple of 16 bytes. A bias
 // broadcast over the queries (stride 0) or with rows of a length that is not a multiple of 8
-// elements is not: those run SCORE_MOD 2.
+// elements is not: those run bias_dropout.
 bool bias_rows_for_tma(const std::optional<Tensor>& bias);
 
 // The bias for the CPU references, in float64: at(b, h, i, j), 0 when there is none.

@@ -11,7 +11,7 @@
 // 11); a key is kept when its draw >= threshold =
 // round(p * 2**16) (at most 2**16 - 1). p is therefore rounded to a multiple of 2**-16, and the
 // scale is 2**16 / (2**16 - threshold), the exact inverse of the keep probability.
-// triton_src/common.py's dropout_keep is the kernels' side.
+// triton_src/dropout.py's dropout_keep is the kernels' side.
 #pragma once
 
 #include <cstdint>

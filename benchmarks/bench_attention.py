@@ -1,4 +1,5 @@
-"""Attention throughput, forward or backward: fattn against SDPA (flash, cuDNN) and FlexAttention.
+"""Attention throughput, forward or backward: fattn against SDPA (flash, cuDNN), FlexAttention and
+FlashAttention-4.
 
     python benchmarks/bench_attention.py --pass forward --out benchmarks/results/forward_h100.json
     python benchmarks/bench_attention.py --pass backward --out benchmarks/results/backward_h100.json
@@ -6,8 +7,11 @@
     python benchmarks/bench_attention.py --fp8 --no-flex --seqlens 8192 --head-dims 128   # the FP8 bar
 
 Every implementation runs on the same random bf16 data in its own preferred layout
-(fattn: [batch, seq, heads, dim]; SDPA/Flex: [batch, heads, seq, dim]) at hidden
-size 2048 and 16k tokens per step, so batch = 16384 / seqlen and heads = 2048 / d.
+(fattn and FlashAttention-4: [batch, seq, heads, dim]; SDPA/Flex: [batch, heads, seq, dim]) at
+hidden size 2048 and 16k tokens per step, so batch = 16384 / seqlen and heads = 2048 / d.
+FlashAttention-4 (rows "fa4", the flash-attn-4 package, imported when the run starts) is a peer on
+sm_90 and sm_100; elsewhere, or where it is not installed, its rows have no time and say why
+(--no-fa4 leaves them out). Its first call of each variant JIT-compiles, which the warm-up absorbs.
 Rows carry ms and TFLOP/s; fattn's rows carry ratio = peer ms / fattn ms per peer (1.0 or more:
 fattn at least as fast; the form the speed bars take, checked by benchmarks/check_bars.py) and
 its inverse ratio_vs.
@@ -29,7 +33,8 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Results, int_list, print_table, require_device, sdpa_peers, short_error, time_ms  # noqa: E402
+from common import (PeerUnavailable, Results, fa4_peer, fa4_unavailable, int_list, print_table,  # noqa: E402
+                    require_device, sdpa_peers, short_error, time_ms)
 
 import fattn  # noqa: E402
 
@@ -72,7 +77,7 @@ def make_flex(causal, device):
     return flex_fn
 
 
-def make_impls(causal, use_flex, device):
+def make_impls(causal, use_flex, device, use_fa4=False):
     def fattn_fn(q, k, v, qt, kt, vt):
         return fattn.flash_attn_func(q, k, v, causal=causal)
 
@@ -85,6 +90,9 @@ def make_impls(causal, use_flex, device):
     impls = {"fattn": fattn_fn, **{name: sdpa(b) for name, b in sdpa_peers(device).items()}}
     if use_flex:
         impls["flex"] = make_flex(causal, device)
+    if use_fa4:
+        fa4 = fa4_peer(device)
+        impls["fa4"] = lambda q, k, v, qt, kt, vt: fa4(q, k, v, causal=causal)
     return impls
 
 
@@ -109,9 +117,11 @@ def parse_args(argv):
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile is slow)")
+    parser.add_argument("--no-fa4", action="store_true", help="skip FlashAttention-4 (flash-attn-4)")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, few reps, no Flex: a smoke run")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes, few reps, no Flex: a smoke run (fa4 stays, to record why it cannot run)")
     parser.add_argument("--fp8", action="store_true", help="also time FP8 inputs (forward only)")
     args = parser.parse_args(argv)
     if args.fp8 and args.direction != "forward":
@@ -127,10 +137,12 @@ def main(argv=None):
     args = parse_args(argv)
     require_device(args.device, "bench_attention")
     results = Results.start(args.direction, args, args.device)
+    if not args.no_fa4 and fa4_unavailable(args.device):
+        print(f"fa4: unavailable, recorded without times: {fa4_unavailable(args.device)}", flush=True)
     dtype = torch.bfloat16
     for d in int_list(args.head_dims):
         for causal in (False, True):
-            impls = make_impls(causal, not args.no_flex, args.device)
+            impls = make_impls(causal, not args.no_flex, args.device, use_fa4=not args.no_fa4)
             for s in int_list(args.seqlens):
                 b, h = max(1, args.tokens // s), args.hidden // d
                 case = {"head_dim": d, "seqlen": s, "batch": b, "heads": h, "causal": causal, "dtype": "bfloat16"}
@@ -146,7 +158,8 @@ def main(argv=None):
                         del call
                     except Exception as e:  # noqa: BLE001  (a peer without a kernel for this shape)
                         ms, error = None, short_error(e)
-                        print(f"  {name} d{d} s{s} causal={causal} failed: {error[:160]}", flush=True)
+                        if not isinstance(e, PeerUnavailable):  # said once, above
+                            print(f"  {name} d{d} s{s} causal={causal} failed: {error[:160]}", flush=True)
                     results.add(case, name, ms, error, flops=flops(b, h, s, d, causal, args.direction))
                 results.compare(case, peers=[n for n in impls if n != "fattn"])
                 if args.fp8:

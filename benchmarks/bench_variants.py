@@ -1,10 +1,12 @@
-"""What the attention variants cost, forward and backward: fattn against FlexAttention (the one
-peer with a fused sliding window and softcap) and against fattn's own plain attention.
+"""What the attention variants cost, forward and backward: fattn against FlexAttention and
+FlashAttention-4 (the peers with a fused sliding window and softcap) and against fattn's own plain
+attention.
 
     python benchmarks/bench_variants.py --out benchmarks/results/variants_h100.json
     python benchmarks/bench_variants.py --device cpu --quick      # smoke run of every code path
 
-Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim] for Flex:
+The studies, on bf16, [batch, seq, heads, dim] for fattn and FlashAttention-4 ("fa4"),
+[batch, heads, seq, dim] for Flex:
 - window: at --window-seqlen tokens (batch 1), a bottom-right sliding window of each of
   --windows keys to the left (right edge 0, as causal) and full causal attention; time should
   grow with the window, not the sequence. FLOPs count the visible (query, key) pairs.
@@ -14,10 +16,13 @@ Two studies on bf16, [batch, seq, heads, dim] for fattn, [batch, heads, seq, dim
   too when not causal), segment ids (--segments documents per row), GQA (--gqa query heads per
   KV head), an additive bias [1, heads, s, s] (not differentiated) and that bias with dropout
   0.1. fattn's rows carry
-  vs_plain (time over fattn's plain run of the same shape) and ratio_vs against Flex with the
-  same modification (no Flex for sinks, dropout and the bias) or SDPA's flash backend
-  (dropout). Every row counts the plain problem's FLOPs, so its TFLOP/s compares as its time
-  does.
+  vs_plain (time over fattn's plain run of the same shape) and ratio_vs against Flex and fa4
+  with the same modification (no Flex for sinks, dropout and the bias; fa4 has causal, the
+  window, softcap, sinks and GQA, and its rows for ALiBi, dropout, segment ids and the bias say
+  "unsupported") or SDPA's flash backend (dropout). Every row counts the plain problem's FLOPs,
+  so its TFLOP/s compares as its time does.
+  The window study times fa4 with the same window too. fa4 runs on sm_90 and sm_100 where
+  flash-attn-4 is installed; elsewhere its rows have no time and say why (--no-fa4: no rows).
 - varlen: a causal batch of --varlen-batch random lengths in 1..--varlen-max-seqlen (seeded),
   packed for flash_attn_varlen_func, against the padded equivalent: every sequence padded to
   the longest, run by fattn's dense call and by SDPA's flash and cuDNN backends (no padding
@@ -46,8 +51,8 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (Results, alibi_slopes, int_list, print_table, require_device, sdpa_peers,  # noqa: E402
-                    short_error, time_ms)
+from common import (PeerUnavailable, Results, alibi_slopes, fa4_peer, fa4_unavailable, int_list,  # noqa: E402
+                    print_table, require_device, sdpa_peers, short_error, time_ms)
 
 import fattn  # noqa: E402
 
@@ -105,7 +110,9 @@ class Flex:
         return lambda qt, kt, vt: self.flex(qt, kt, vt, score_mod=score_mod, block_mask=mask)
 
 
-def measure(results, case, impls, direction, inputs, flops, reps):
+def measure(results, case, impls, direction, inputs, flops, reps, unsupported=None):
+    """Times each of `impls` on its `inputs`; `unsupported` {impl: why} are peers that lack the
+    case's modification, recorded with that reason and no time, so a missing peer reads as such."""
     for name, fn in impls.items():
         try:
             call = timed(fn, direction, inputs[name])
@@ -113,11 +120,14 @@ def measure(results, case, impls, direction, inputs, flops, reps):
             del call
         except Exception as e:  # noqa: BLE001  (a peer without a kernel for this shape)
             ms, error = None, short_error(e)
-            print(f"  {name} {case} failed: {error[:160]}", flush=True)
+            if not isinstance(e, PeerUnavailable):  # said once, when the run starts
+                print(f"  {name} {case} failed: {error[:160]}", flush=True)
         results.add(case, name, ms, error, flops=flops)
+    for name, why in (unsupported or {}).items():
+        results.add(case, name, None, f"unsupported: {why}", flops=flops)
 
 
-def window_study(results, args, flex, direction):
+def window_study(results, args, flex, fa4, direction):
     d, s = args.head_dim, args.window_seqlen
     h = args.hidden // d
     q, k, v = (torch.randn(1, s, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
@@ -130,15 +140,20 @@ def window_study(results, args, flex, direction):
         if flex:
             impls["flex"] = flex.window(s, left)
             inputs["flex"] = (qt, kt, vt)
+        if fa4:  # FA4 reads a negative left edge as no window only when both edges are: say none
+            window = (None, None) if left < 0 else (left, 0)
+            impls["fa4"] = lambda q, k, v, window=window: fa4(q, k, v, causal=True, window_size=window)
+            inputs["fa4"] = (q, k, v)
         flops = 4 * h * visible_pairs(s, left) * d * (2.5 if direction == "backward" else 1)
         measure(results, case, impls, direction, inputs, flops, args.reps)
-        results.compare(case, peers=["flex"])
+        results.compare(case, peers=["flex", "fa4"])
         results.write(args.out)
 
 
 def score_mod_variants(args, causal, b, h, s):
     """The score_mod study's rows: name -> (fattn's keyword arguments, the Flex peer's kind or None).
-    The "gqa" keyword is the study's own: k and v with h / gqa heads."""
+    The "gqa" keyword is the study's own: k and v with h / gqa heads. fa4_options says which of them
+    FlashAttention-4 has."""
     device, left, slopes = args.device, args.mod_window, alibi_slopes(h, args.device)
     # Documents of equal length packed into each row, the same cut for q and k.
     docs = (torch.arange(s, device=device) * args.segments // s).to(torch.int32).expand(b, s).contiguous()
@@ -158,6 +173,21 @@ def score_mod_variants(args, causal, b, h, s):
     }
 
 
+# fattn's keyword -> FlashAttention-4's (flash-attn-4 4.0.0b36's flash_attn_func); what is not here it
+# lacks: no ALiBi slopes, dropout, segment ids or additive bias (only a CuTe DSL score_mod / mask_mod
+# one would write for it, which is not the library's own variant).
+FA4_KEYWORDS = {"softcap": "softcap", "window_size": "window_size", "sinks": "learnable_sink"}
+
+
+def fa4_options(options):
+    """FlashAttention-4's keyword arguments for fattn's `options` (GQA popped), or (None, what it
+    lacks). Its sinks are fattn's: one natural-log logit per head in the denominator, no value."""
+    lacking = [key for key in options if key not in FA4_KEYWORDS]
+    if lacking:
+        return None, f"flash-attn-4 has no {', '.join(lacking)}"
+    return {FA4_KEYWORDS[key]: value for key, value in options.items()}, None
+
+
 def _flex_peer(flex, kind, s, causal, options):
     """The Flex call with the same modification as fattn's `options`."""
     after = (lambda qi, ki: qi >= ki) if causal else (lambda qi, ki: qi >= 0)
@@ -172,7 +202,7 @@ def _flex_peer(flex, kind, s, causal, options):
     return flex.masked(s, lambda qi, ki, b: after(qi, ki))  # gqa: plain attention, fewer KV heads
 
 
-def score_mod_study(results, args, flex, direction):
+def score_mod_study(results, args, flex, fa4, direction):
     d, s = args.head_dim, args.mod_seqlen
     h, b = args.hidden // d, max(1, args.tokens // args.mod_seqlen)
     q, k, v = (torch.randn(b, s, h, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
@@ -196,13 +226,21 @@ def score_mod_study(results, args, flex, direction):
             if flex and flex_kind:
                 impls["flex"] = _flex_peer(flex, flex_kind, s, causal, options)
                 inputs["flex"] = (qt, *(t.transpose(1, 2).contiguous() for t in kv))
+            unsupported = {}
+            if fa4:
+                fa4_kw, lacking = fa4_options(options)
+                if lacking:
+                    unsupported["fa4"] = lacking
+                else:
+                    impls["fa4"] = lambda q, k, v, c=causal, o=fa4_kw: fa4(q, k, v, causal=c, **o)
+                    inputs["fa4"] = (q, *kv)
             p = options.get("dropout_p", 0.0)
             if p > 0:  # SDPA's flash backend drops out too (its own generator)
                 for name, backend in sdpa_peers(args.device).items():
                     impls[name] = lambda q, k, v, c=causal, p=p, backend=backend: _sdpa(q, k, v, backend, c, None, p)
                     inputs[name] = (qt, kt, vt)
             flops = 4 * b * h * s * s * d / (2 if causal else 1) * (2.5 if direction == "backward" else 1)
-            measure(results, case, impls, direction, inputs, flops, args.reps)
+            measure(results, case, impls, direction, inputs, flops, args.reps, unsupported)
             if plain_case is None:
                 plain_case = case
             else:  # the cost of the modification over fattn's own plain attention
@@ -210,7 +248,7 @@ def score_mod_study(results, args, flex, direction):
                 row = results.case_rows(case)[0]
                 if plain_ms and row["ms"]:
                     row["vs_plain"] = row["ms"] / plain_ms
-            results.compare(case, peers=["flex", *sdpa_peers(args.device)])
+            results.compare(case, peers=["flex", "fa4", *sdpa_peers(args.device)])
             results.write(args.out)
 
 
@@ -367,9 +405,11 @@ def parse_args(argv):
     parser.add_argument("--bucket-softcap", type=float, default=0.0,
                         help="bucket study: a softcap for every call (> 0: the softcap_alibi kernels; no SDPA peers)")
     parser.add_argument("--no-flex", action="store_true")
+    parser.add_argument("--no-fa4", action="store_true", help="skip FlashAttention-4 (flash-attn-4)")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, few reps, no Flex: a smoke run")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes, few reps, no Flex: a smoke run (fa4 stays, to record why it cannot run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.head_dim, args.hidden, args.window_seqlen, args.windows = 64, 128, 256, "16,64"
@@ -383,12 +423,15 @@ def main(argv=None):
     require_device(args.device, "bench_variants")
     results = Results.start("variants", args, args.device)
     flex = None if args.no_flex else Flex(args.device)
+    fa4 = None if args.no_fa4 else fa4_peer(args.device)
+    if fa4 and fa4_unavailable(args.device):
+        print(f"fa4: unavailable, recorded without times: {fa4_unavailable(args.device)}", flush=True)
     for direction in args.passes.split(","):
         studies = args.studies.split(",")
         if "window" in studies:
-            window_study(results, args, flex, direction)
+            window_study(results, args, flex, fa4, direction)
         if "score_mod" in studies:
-            score_mod_study(results, args, flex, direction)
+            score_mod_study(results, args, flex, fa4, direction)
         if "varlen" in studies:
             varlen_study(results, args, direction)
         if "head_dim" in studies:
@@ -407,9 +450,10 @@ def print_summary(results):
     for r in fattn_rows:
         what = f"window {r['window_left']}" if r["study"] == "window" else f"{r['mod']} causal={r['causal']}"
         lines.append([r["pass"], r["seqlen"], what, r["ms"], r["tflops"] and f"{r['tflops']:.1f}",
-                      r.get("vs_plain"), r["ratio_vs"].get("flex")])
-    print_table(["pass", "seqlen", "variant", "fattn ms", "TFLOP/s", "vs plain", "fattn/flex"], lines,
-                title="\nvariants: fattn/flex = time ratio (< 1: fattn faster); vs plain = time over fattn's plain run")
+                      r.get("vs_plain"), r["ratio_vs"].get("flex"), r["ratio_vs"].get("fa4")])
+    print_table(["pass", "seqlen", "variant", "fattn ms", "TFLOP/s", "vs plain", "fattn/flex", "fattn/fa4"], lines,
+                title="\nvariants: fattn/<peer> = time ratio (< 1: fattn faster); "
+                      "vs plain = time over fattn's plain run")
     lines = [[r["pass"], r["batch"], r["max_seqlen"], r["total_tokens"], r["ms"], r["tflops"] and f"{r['tflops']:.1f}",
               *(r["ratio_vs"].get(peer) for peer in ("fattn-padded", "sdpa_flash-padded", "sdpa_cudnn-padded"))]
              for r in results.rows if r["impl"] == "fattn-varlen"]

@@ -5,7 +5,8 @@ Results schema (one JSON object per run, written by Results.write):
     benchmark  name of the CLI's measurement ("forward", "decode", "host", ...)
     device     {"name", "sm_count", "capability": [major, minor]} (the last two null on a CPU)
     versions   {"python", "torch", "triton", "cuda", "cudnn", "fattn", "fattn_kernels_triton",
-                "fattn_commit", "benchmarks_commit"} (a commit is null outside a git checkout)
+                "fattn_commit", "flash_attn_4", "benchmarks_commit"} (a commit is null outside a
+                git checkout; flash_attn_4, the fa4 peer's package, null where it is not installed)
     config     the CLI's parsed arguments
     rows       flat records: the case's fields, then "impl", "ms" (per call; null when the
                call failed), "error" (null or why), derived metrics ("tflops", "gb_s", ...)
@@ -13,6 +14,9 @@ Results schema (one JSON object per run, written by Results.write):
                ratio (below 1 fattn is faster), and "ratio": {peer: peer ms / fattn ms}, the
                throughput ratio of benchmarks/results/forward_h100.json that the speed bars
                are written in (1.0 or more: fattn at least as fast; benchmarks/check_bars.py).
+               A peer that cannot run (fa4 without its package or on an unsupported GPU, a
+               modification it lacks) has rows with ms null and the reason in "error", and no
+               entry in the ratios.
 """
 
 from __future__ import annotations
@@ -189,6 +193,7 @@ def versions() -> dict:
         "triton": triton and triton.__version__, "fattn": fattn and fattn.__version__,
         "fattn_kernels_triton": fattn and fattn.build_info()["triton_version"],
         "fattn_commit": fattn and _git_commit(Path(fattn.__file__).resolve().parent),
+        "flash_attn_4": fa4_version(),
         "benchmarks_commit": _git_commit(Path(__file__).resolve().parent),
     }
 
@@ -262,6 +267,75 @@ def sdpa_peers(device: str) -> dict:
     if device == "cpu":
         return {"sdpa_math": SDPBackend.MATH}
     return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+# FlashAttention-4 (the flash-attn-4 package, CuTe DSL kernels JIT-compiled on first call) as a
+# peer. It is imported only when a run builds the peer, so that a machine without it (every CPU, a
+# GPU where it was not installed) still runs every benchmark and records why the peer has no time.
+FA4_DISTRIBUTION = "flash-attn-4"
+# Its Hopper (sm_90) and Blackwell (sm_100) kernels are what the speed bars measure fattn against;
+# its sm_80 path has no backward, and the sm_120 one is another kernel family.
+FA4_CAPABILITY_MAJORS = (9, 10)
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer that cannot run on this machine at all. Its calls raise this with the reason, so each
+    case records it as a row without a time and with that error, as a refusing SDPA backend is."""
+
+
+def fa4_version() -> str | None:
+    """flash-attn-4's installed version, read from its metadata: the package's own __version__
+    asks for a distribution named "fa4" and says 0.0.0."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(FA4_DISTRIBUTION)
+    except PackageNotFoundError:
+        return None
+
+
+_FA4 = {}
+
+
+def _fa4_function(device: str):
+    """(flash_attn.cute.flash_attn_func, None), or (None, why this machine cannot run it); the import
+    is tried once per process (it loads the CuTe DSL compiler)."""
+    if device != "cuda":
+        return None, f"{FA4_DISTRIBUTION} runs on CUDA GPUs only (device {device})"
+    capability = torch.cuda.get_device_capability()
+    if capability[0] not in FA4_CAPABILITY_MAJORS:
+        return None, (f"{FA4_DISTRIBUTION} is a peer on sm_90 and sm_100 only; this GPU is "
+                      f"sm_{capability[0]}{capability[1]}")
+    if "function" not in _FA4:
+        try:
+            from flash_attn.cute import flash_attn_func
+            _FA4.update(function=flash_attn_func, reason=None)
+        except Exception as e:  # noqa: BLE001  (not installed, or its compiler libraries fail to load)
+            _FA4.update(function=None, reason=f"{FA4_DISTRIBUTION} cannot be imported: {short_error(e, 300)}")
+    return _FA4["function"], _FA4["reason"]
+
+
+def fa4_peer(device: str):
+    """FlashAttention-4 as a peer: fa4(q, k, v, **options) -> out, q, k, v [batch, seq, heads, dim]
+    as fattn takes them, options flash_attn.cute.flash_attn_func's (causal, window_size, softcap,
+    learnable_sink, ...), gradients through autograd. Where it cannot run, every call raises
+    PeerUnavailable with the reason (fa4_unavailable says it without a call)."""
+    function, reason = _fa4_function(device)
+    if function is None:
+        def unavailable(*_, **__):
+            raise PeerUnavailable(reason)
+        return unavailable
+
+    def fa4(q, k, v, **options):
+        out = function(q, k, v, **options)
+        # 4.0.0b36 returns (out, lse) whatever return_lse says; keep out, whichever a release returns.
+        return out[0] if isinstance(out, (tuple, list)) else out
+    return fa4
+
+
+def fa4_unavailable(device: str) -> str | None:
+    """Why FlashAttention-4 cannot run here, or None when it can."""
+    return _fa4_function(device)[1]
 
 
 def alibi_slopes(heads: int, device) -> torch.Tensor:

@@ -27,7 +27,21 @@ def test_quick_run_times_every_case(script, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows
     if script == "bench_variants":  # a benchmark times every implementation of every case
-        assert all(r["ms"] for r in rows), [r for r in rows if not r["ms"]][:3]
+        assert all(r["ms"] for r in rows if r["impl"] != "fa4"), [r for r in rows if not r["ms"]][:3]
+        # but FlashAttention-4, which a CPU cannot run: a row per window and score_mod case, without a
+        # time, saying why; a modification it lacks says so rather than that the machine cannot run it.
+        def key(r):
+            return tuple(r.get(k) for k in ("pass", "study", "mod", "window_left", "causal"))
+        fa4 = {key(r): r for r in rows if r["impl"] == "fa4"}
+        cases = {key(r) for r in rows if r["impl"] == "fattn" and r["study"] in ("window", "score_mod")}
+        assert set(fa4) == cases, set(fa4) ^ cases
+        assert all(r["ms"] is None for r in fa4.values())
+        for r in fa4.values():
+            if r.get("mod") in ("alibi", "softcap+alibi", "dropout0.1", "segments4", "bias", "bias+dropout0.1"):
+                assert r["error"].startswith("unsupported: flash-attn-4 has no "), r
+            else:
+                assert r["error"].startswith("PeerUnavailable: flash-attn-4 runs on CUDA GPUs only"), r
+        assert not any("fa4" in r["ratio"] for r in rows)
         # The score_mod study prices every variant over plain attention, in both passes.
         mods = {(r["pass"], r["mod"]) for r in rows if r["study"] == "score_mod" and r["impl"] == "fattn"}
         variants = {"plain", "softcap", "alibi", "softcap+alibi", "sinks", "dropout0.1", "window32", "segments4",
@@ -78,11 +92,60 @@ def test_bench_attention_rows_carry_the_throughput_ratio(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     ours = [r for r in rows if r["impl"] == "fattn"]
     assert ours and all(r["ratio"] for r in ours)
-    for r in ours:  # ratio = peer ms / fattn ms, the inverse of ratio_vs
+    for r in ours:  # ratio = peer ms / fattn ms, the inverse of ratio_vs, over the peers that ran
         peers = {p["impl"]: p["ms"] for p in rows if p["impl"] != "fattn" and p["seqlen"] == r["seqlen"]
-                 and p["head_dim"] == r["head_dim"] and p["causal"] == r["causal"]}
+                 and p["head_dim"] == r["head_dim"] and p["causal"] == r["causal"] and p["ms"]}
         assert r["ratio"] == pytest.approx({p: ms / r["ms"] for p, ms in peers.items()})
         assert r["ratio"] == pytest.approx({p: 1 / x for p, x in r["ratio_vs"].items()})
+    # FlashAttention-4 cannot run on a CPU: one row per case all the same, no time, the reason.
+    fa4 = [r for r in rows if r["impl"] == "fa4"]
+    assert len(fa4) == len(ours) and all(r["ms"] is None and r["tflops"] is None for r in fa4)
+    assert all(r["error"].startswith("PeerUnavailable: flash-attn-4 runs on CUDA GPUs only") for r in fa4), fa4[0]
+    assert "fa4: unavailable" in result.stdout
+
+
+def test_fa4_peer_says_why_it_cannot_run(monkeypatch):
+    # The reasons a GPU machine meets, without one: a GPU it is no peer on, and a package that does
+    # not import (not installed); no --no-fa4, no rows. Each call then raises PeerUnavailable.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_attention
+        import common
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(common, "_FA4", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (8, 0))
+    assert "sm_90 and sm_100 only; this GPU is sm_80" in common.fa4_unavailable("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # an import of it fails as if absent
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    assert common.fa4_unavailable("cuda").startswith("flash-attn-4 cannot be imported: ")
+    with pytest.raises(common.PeerUnavailable, match="cannot be imported"):
+        common.fa4_peer("cuda")(None, None, None, causal=True)
+    assert "fa4" not in bench_attention.make_impls(False, False, "cpu")  # the default, as --no-fa4 asks
+    assert "fa4" in bench_attention.make_impls(False, False, "cpu", use_fa4=True)
+
+
+def test_bench_variants_gives_fa4_only_the_modifications_it_has():
+    # FlashAttention-4 has causal, a window, softcap, sinks (learnable_sink) and GQA, under its own
+    # keyword names; ALiBi, dropout, segment ids and a bias it lacks, and the study says so.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_variants
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    args = bench_variants.parse_args(["--device", "cpu", "--quick"])
+    supported = {}
+    for mod, (options, _) in bench_variants.score_mod_variants(args, True, 2, 4, 128).items():
+        options = dict(options)
+        options.pop("gqa", None)
+        kw, lacking = bench_variants.fa4_options(options)
+        supported[mod] = kw if lacking is None else lacking
+    assert set(supported["plain"]) == set() and supported["softcap"] == {"softcap": 30.0}
+    assert set(supported["sinks"]) == {"learnable_sink"} and supported["window32"] == {"window_size": (32, 0)}
+    assert supported["gqa2"] == {}
+    for mod in ("alibi", "softcap+alibi", "dropout0.1", "segments4", "bias", "bias+dropout0.1"):
+        assert isinstance(supported[mod], str) and "flash-attn-4 has no" in supported[mod], mod
 
 
 def _bars_run(direction, ratios):
@@ -145,6 +208,57 @@ def test_check_bars_joins_runs_but_refuses_a_row_measured_twice(tmp_path):
     twice = subprocess.run([sys.executable, script, str(paths["small", "forward"]), str(paths["again", "forward"])],
                            capture_output=True, text=True, timeout=60)
     assert twice.returncode != 0 and "is in two runs" in twice.stderr, twice.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", ["met", "fa4 faster", "cuDNN faster", "no fa4 time"])
+def test_check_bars_hopper_peers_takes_the_faster_of_fa4_and_cudnn(tmp_path, case):
+    # --bars hopper_peers: every d64/d128 row from 1k to 16k, both passes, at or above the faster of
+    # fa4 and SDPA cuDNN (the smaller ratio); a row without an fa4 time cannot be judged.
+    def ratios(direction):
+        def at(d, s, causal):
+            r = {"sdpa_cudnn": 1.1, "fa4": 1.05, "flex": 1.3, "sdpa_flash": 1.5}
+            if (direction, d, s, causal) == ("backward", 64, 2048, True):
+                if case == "fa4 faster":  # fa4 below 1 while cuDNN is above: fa4 is the bar
+                    r["fa4"] = 0.8
+                elif case == "cuDNN faster":
+                    r["sdpa_cudnn"], r["fa4"] = 0.95, 1.2
+                elif case == "no fa4 time":
+                    del r["fa4"]
+            return r
+        return at
+
+    paths = []
+    for direction in ("forward", "backward"):
+        paths.append(tmp_path / f"{direction}.json")
+        paths[-1].write_text(json.dumps(_bars_run(direction, ratios(direction))))
+    script = str(ROOT / "benchmarks" / "check_bars.py")
+    result = subprocess.run([sys.executable, script, "--bars", "hopper_peers", *map(str, paths)],
+                            capture_output=True, text=True, timeout=60)
+    lines = result.stdout.splitlines()
+    # 2 passes x 2 head dims x 5 seqlens (1k-16k) x causal and not
+    assert lines[-1].endswith(" of 40"), lines[-1]
+    assert all(line.split()[6] == "best(fa4,sdpa_cudnn)" and line.endswith("[hopper_peers]") for line in lines[:-1])
+    bad = [line.split() for line in lines[:-1] if not line.lstrip().startswith("met")]
+    if case == "met":
+        assert result.returncode == 0 and "40 met, 0 unmet, 0 missing" in lines[-1], result.stdout[-2000:]
+        assert all(line.split()[-3:-1] == ["fa4", "faster"] for line in lines[:-1])  # 1.05 < 1.1
+    elif case == "no fa4 time":
+        assert result.returncode == 1 and [b[:6] for b in bad] == [["missing", "backward", "d64", "s2048", "causal",
+                                                                    "vs"]], result.stdout[-2000:]
+    else:
+        want, faster = ("0.80", "fa4") if case == "fa4 faster" else ("0.95", "sdpa_cudnn")
+        assert result.returncode == 1 and len(bad) == 1, result.stdout[-2000:]
+        assert bad[0][:8] == ["unmet", "backward", "d64", "s2048", "causal", "vs", "best(fa4,sdpa_cudnn)", want]
+        assert bad[0][-3:-1] == [faster, "faster"], bad[0]
+    # The default is the first set alone, which these runs meet however fa4 did; "all" adds the new one.
+    default = subprocess.run([sys.executable, script, *map(str, paths)], capture_output=True, text=True, timeout=60)
+    assert default.returncode == 0 and "hopper_peers" not in default.stdout, default.stdout[-2000:]
+    every = subprocess.run([sys.executable, script, "--bars", "all", *map(str, paths)], capture_output=True,
+                           text=True, timeout=60)
+    assert every.returncode == result.returncode and "[hopper]" in every.stdout and "[hopper_peers]" in every.stdout
+    unknown = subprocess.run([sys.executable, script, "--bars", "hopper,nope", *map(str, paths)],
+                             capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "unknown bar set" in unknown.stderr, unknown.stderr
 
 
 def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):

@@ -89,7 +89,9 @@ fi
 if [[ $what == bars ]]; then
   # The Hopper speed bars: forward and backward over head dims 64, 128 and 256 with every peer
   # (FlexAttention's compiles make each pass minutes long), on two GPUs at once where there are
-  # two, then benchmarks/check_bars.py over both runs -> $OUT/bars.log.
+  # two, then benchmarks/check_bars.py over both runs -> $OUT/bars.log: every bar set, the
+  # peers' one (the faster of FlashAttention-4 and cuDNN per row) included; without
+  # flash-attn-4 installed its rows read missing.
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   pids=()
   for pass in forward backward; do
@@ -100,7 +102,7 @@ if [[ $what == bars ]]; then
     (( gpus > 1 )) || wait "${pids[-1]}"
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
-  python3 benchmarks/check_bars.py "$OUT/forward.json" "$OUT/backward.json" 2>&1 | tee "$OUT/bars.log"
+  python3 benchmarks/check_bars.py --bars all "$OUT/forward.json" "$OUT/backward.json" 2>&1 | tee "$OUT/bars.log"
 fi
 if [[ $what == ring ]]; then
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")

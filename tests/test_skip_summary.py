@@ -13,7 +13,7 @@ ROOT = TESTS.parent
 
 # The reasons that do mean a set-up gap, by their fixed start.
 SETUP = (
-    "numpy", "transformers", "triton", "no g++", "C++ example needs cmake", "no cuobjdump", "no fatbinary tool",
+    "numpy", "transformers", "matplotlib", "triton", "no g++", "C++ example needs cmake", "no cuobjdump", "no fatbinary tool",
     "no source-tree build", "not a git checkout", "FATTN_LIBRARY points at a library from another build",
     "Triton 3.6's interpreter fails with numpy", "the Triton interpreter needs triton",
     "the kernel specs live beside the Triton kernels", "this build has no", "compute-sanitizer (CUDA toolkit)",

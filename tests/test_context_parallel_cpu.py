@@ -1,0 +1,256 @@
+"""Context parallelism on CPU: the packed-batch layout, the head-parallel all-to-all (Ulysses) and
+the ring over packed documents, in gloo worlds of 1 to 5 processes, against float64
+single-process attention of the whole batch (out, lse and every gradient)."""
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fattn
+from fattn._cp_sharding import packed_layout
+from fattn.reference import attention_reference
+from fattn.ring import shard
+from fattn.ulysses import kv_heads_of_ranks
+
+HEAD_DIM = 8
+# Odd lengths, an empty document, documents shorter than the world (1 and 2 rows), one long one.
+DOC_LENGTHS = [7, 0, 2, 13, 1, 9]
+
+# (causal, window_size, softcap, sinks, alibi): windows shorter and longer than a chunk, one- and
+# two-sided; ALiBi alone and with a cut window and the softcap.
+VARIANTS = [(False, (-1, -1), 0.0, False, False), (True, (-1, -1), 0.0, False, False),
+            (True, (3, -1), 0.0, True, False), (False, (2, 5), 1.5, False, False),
+            (False, (-1, 2), 0.0, True, False), (False, (0, 0), 0.0, False, False),
+            (True, (-1, -1), 0.0, False, True), (False, (4, 1), 1.5, True, True)]
+FAST_VARIANTS = [VARIANTS[1], VARIANTS[7]]  # causal; everything at once
+
+
+def _cu(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+def _heads(world):
+    """Query heads that split over the world, and 2 KV heads: an even split at world 2, shared
+    (replicated) KV heads at world 4, a split that straddles a KV group at worlds 3 and 5."""
+    return 2 * world, 2
+
+
+# ---------------------------------------------------------------- the layout, no process group
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
+def test_shard_varlen_round_trip_and_balance(world):
+    cu = _cu(DOC_LENGTHS + [30, 5])
+    x = torch.arange(cu[-1] * 2).reshape(cu[-1], 2)
+    shards = [fattn.shard_varlen(x, cu, world, r) for r in range(world)]
+    torch.testing.assert_close(fattn.unshard_varlen(shards, torch.tensor(cu, dtype=torch.int32)), x)
+    # The remainders go round the ranks over the batch: shard sizes differ by at most one row.
+    sizes = [s.shape[0] for s in shards]
+    assert max(sizes) - min(sizes) <= 1, sizes
+    for r in range(world):
+        info = fattn.varlen_shard_layout(cu, world, r)
+        assert info.cu_seqlens.dtype == torch.int32 and info.cu_seqlens[-1] == sizes[r]
+        torch.testing.assert_close(shards[r][:, 0], x[info.rows, 0])
+        lengths = (info.cu_seqlens[1:] - info.cu_seqlens[:-1]).tolist()
+        assert info.max_seqlen == max(lengths)
+        for d, (start, n) in enumerate(zip(info.cu_seqlens.tolist(), lengths)):
+            # Each rank's part of a document: chunk r, then chunk 2 * world - 1 - r, positions rising in each.
+            positions = info.positions[start:start + n]
+            torch.testing.assert_close(info.rows[start:start + n], positions + cu[d])
+
+
+def test_zigzag_chunks_of_a_document():
+    # 7 rows over 2 ranks: 4 chunks of 1 and 3 remainder rows, to ranks 0 and 1's first chunks
+    # (chunks 0 and 1), then to rank 0's second (chunk 3). 13 rows: chunks of 3 and one remainder
+    # row, to the next rank in turn (rank 1, its first chunk: chunk 1).
+    layout = packed_layout((0, 7, 20), 2)
+    assert layout.bounds[0] == (0, 2, 4, 5, 7)
+    assert layout.bounds[1] == (0, 3, 7, 10, 13)
+    assert [(run.position, run.length) for run in layout.runs(0)[1]] == [(0, 3), (10, 3)]
+    assert [(run.position, run.length) for run in layout.runs(1)[1]] == [(3, 4), (7, 3)]
+
+
+def test_sharding_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"start at 0 and never decrease"):
+        fattn.shard_varlen(torch.zeros(5), [0, 3, 2], 2, 0)
+    with pytest.raises(ValueError, match=r"rank 2 is not in \[0, world = 2\)"):
+        fattn.varlen_shard_layout([0, 4], 2, 2)
+    with pytest.raises(ValueError, match=r"x has 3 rows along dim 0 but cu_seqlens ends at 4"):
+        fattn.shard_varlen(torch.zeros(3), [0, 4], 2, 0)
+    with pytest.raises(ValueError, match=r"rank 1's shard has 1 rows"):
+        fattn.unshard_varlen([torch.zeros(2), torch.zeros(1)], [0, 4])
+
+
+@pytest.mark.parametrize("heads, kv_heads, world, want", [
+    (8, 4, 2, [[0, 1], [2, 3]]),  # an even split
+    (8, 2, 4, [[0], [0], [1], [1]]),  # fewer KV heads than ranks: each shared by two ranks
+    (8, 1, 8, [[0]] * 8),  # MQA
+    (6, 2, 3, [[0, 0], [0, 1], [1, 1]]),  # rank 1's heads 2, 3 read KV heads 0 and 1
+    (10, 2, 5, [[0, 0], [0, 0], [0, 1], [1, 1], [1, 1]]),
+])
+def test_kv_heads_of_ranks(heads, kv_heads, world, want):
+    assert kv_heads_of_ranks(heads, kv_heads, world) == want
+
+
+def test_ulysses_heads_must_split_over_the_world():
+    with pytest.raises(ValueError, match=r"the 6 query heads do not split over 4 ranks"):
+        kv_heads_of_ranks(6, 2, 4)
+
+
+# ---------------------------------------------------------------- references
+
+def _packed_reference(q, k, v, cu, causal, window_size, softcap, sinks, alibi_slopes):
+    """float64 attention of every document on its own: out [total, heads, d], lse [heads, total]."""
+    outs, lses = [], []
+    for d, (a, b) in enumerate(zip(cu, cu[1:])):
+        if a == b:
+            continue
+        doc_slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[d])
+        out, lse = attention_reference(q[None, a:b], k[None, a:b], v[None, a:b], None, causal, window_size=window_size,
+                                       softcap=softcap, sinks=sinks, alibi_slopes=doc_slopes)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _problem(shape_q, shape_kv, shape_lse, seed):
+    """q, k, v and the weights of out and lse in the loss: the same on every rank (a seeded
+    generator; each spawned process's own generator differs)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*shape_q, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(*shape_kv, generator=g, dtype=torch.float64) for _ in range(2))
+    w_out = torch.randn(*shape_q, generator=g, dtype=torch.float64)
+    w_lse = torch.randn(*shape_lse, generator=g, dtype=torch.float64)
+    return q, k, v, w_out, w_lse
+
+
+def _variant_args(variant, heads, slopes_rows):
+    causal, window, softcap, with_sinks, with_alibi = variant
+    sinks = torch.linspace(-1.0, 1.5, heads).requires_grad_() if with_sinks else None
+    slopes = torch.linspace(0.05, 0.4, slopes_rows * heads).reshape(slopes_rows, heads) if with_alibi else None
+    return dict(causal=causal, window_size=window, softcap=softcap, sinks=sinks, alibi_slopes=slopes)
+
+
+def _check_close(what, got, want, world):
+    # float64: rounding grows with the number of merged pieces; the sinks are float32
+    tol = 1e-5 if got.dtype == torch.float32 else 1e-10 * world
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
+
+
+def _check_sinks(what, sinks, ref_sinks, world):
+    if sinks is not None:  # each rank's share of the sinks' gradient; summed, the whole
+        dsinks = sinks.grad.clone()
+        dist.all_reduce(dsinks)
+        _check_close(f"{what} dsinks", dsinks, ref_sinks.grad, world)
+
+
+# ---------------------------------------------------------------- Ulysses, in a process group
+
+def _check_ulysses_dense(rank, world, variants):
+    heads, kv_heads = _heads(world)
+    batch, seqlen = 2, 6 * world
+    q, k, v, w_out, w_lse = _problem((batch, seqlen, heads, HEAD_DIM), (batch, seqlen, kv_heads, HEAD_DIM),
+                                     (batch, heads, seqlen), world)
+    for variant in variants:
+        for sharding in ("zigzag", "contiguous"):
+            ref = _variant_args(variant, heads, batch)
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref_out, ref_lse = attention_reference(*leaves, None, ref["causal"], window_size=ref["window_size"],
+                                                   softcap=ref["softcap"], sinks=ref["sinks"],
+                                                   alibi_slopes=ref["alibi_slopes"])
+            ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
+            args = _variant_args(variant, heads, batch)
+            local = [shard(t, world, rank, sharding).clone().requires_grad_() for t in (q, k, v)]
+            out, lse = fattn.ulysses_flash_attn_func(*local, return_lse=True, sharding=sharding, **args)
+            ((out * shard(w_out, world, rank, sharding)).sum()
+             + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()).backward()
+            what = f"ulysses rank {rank}/{world} {variant} {sharding}"
+            _check_close(what, out, shard(ref_out, world, rank, sharding), world)
+            _check_close(f"{what} lse", lse, shard(ref_lse, world, rank, sharding, dim=2), world)
+            for got, leaf, name in zip(local, leaves, ("dq", "dk", "dv")):
+                _check_close(f"{what} {name}", got.grad, shard(leaf.grad, world, rank, sharding), world)
+            _check_sinks(what, args["sinks"], ref["sinks"], world)
+
+
+def _check_packed(rank, world, variants, attention, lengths=DOC_LENGTHS):
+    """`attention` (a varlen context-parallel function) against _packed_reference."""
+    heads, kv_heads = _heads(world)
+    cu = _cu(lengths)
+    total = cu[-1]
+    q, k, v, w_out, w_lse = _problem((total, heads, HEAD_DIM), (total, kv_heads, HEAD_DIM), (heads, total),
+                                     100 + world)
+    for variant in variants:
+        for per_document_slopes in ((False, True) if variant[4] else (False,)):
+            rows = len(lengths) if per_document_slopes else None
+            ref = _variant_args(variant, heads, rows or 1)
+            args = _variant_args(variant, heads, rows or 1)
+            if not per_document_slopes and ref["alibi_slopes"] is not None:
+                ref["alibi_slopes"], args["alibi_slopes"] = ref["alibi_slopes"][0], args["alibi_slopes"][0]
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref_out, ref_lse = _packed_reference(*leaves, cu, **ref)
+            ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
+            local = [fattn.shard_varlen(t, cu, world, rank).clone().requires_grad_() for t in (q, k, v)]
+            out, lse = attention(*local, torch.tensor(cu, dtype=torch.int32), return_lse=True, **args)
+            ((out * fattn.shard_varlen(w_out, cu, world, rank)).sum()
+             + (lse * fattn.shard_varlen(w_lse, cu, world, rank, dim=1)).sum()).backward()
+            what = f"{attention.__name__} rank {rank}/{world} {variant} per-document slopes={per_document_slopes}"
+            _check_close(what, out, fattn.shard_varlen(ref_out, cu, world, rank), world)
+            _check_close(f"{what} lse", lse, fattn.shard_varlen(ref_lse, cu, world, rank, dim=1), world)
+            for got, leaf, name in zip(local, leaves, ("dq", "dk", "dv")):
+                _check_close(f"{what} {name}", got.grad, fattn.shard_varlen(leaf.grad, cu, world, rank), world)
+            _check_sinks(what, args["sinks"], ref["sinks"], world)
+
+
+def _check_ulysses(rank, world):
+    _check_ulysses_dense(rank, world, VARIANTS)
+    _check_packed(rank, world, VARIANTS, fattn.ulysses_flash_attn_varlen_func)
+
+
+def _check_ulysses_fast(rank, world):
+    _check_ulysses_dense(rank, world, FAST_VARIANTS)
+    _check_packed(rank, world, FAST_VARIANTS, fattn.ulysses_flash_attn_varlen_func)
+
+
+CHECKS = {"ulysses": _check_ulysses, "ulysses_fast": _check_ulysses_fast}
+
+
+def _worker(rank, world, init_file, check_name, errors_dir):
+    try:
+        torch.set_num_threads(1)  # one thread per rank: the ranks share few cores, and wait on each other
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        CHECKS[check_name](rank, world)
+        dist.barrier()
+    except BaseException:
+        with open(os.path.join(errors_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _spawn(world, check_name):
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        try:
+            mp.spawn(_worker, args=(world, init_file, check_name, tmp), nprocs=world, join=True)
+        except Exception:
+            reports = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("rank")]
+            pytest.fail("\n".join(reports) or "a worker failed")
+
+
+def test_ulysses_matches_single_process_attention():
+    _spawn(3, "ulysses_fast")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_ulysses_every_variant(world):
+    _spawn(world, "ulysses")

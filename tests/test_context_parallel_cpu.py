@@ -13,6 +13,9 @@ import torch.multiprocessing as mp
 
 import fattn
 from fattn._cp_sharding import packed_layout
+from fattn._ring_schedule import blocks_at
+from fattn._ring_varlen_passes import Options, PackedAccumulator, _call_forward
+from fattn._ring_varlen_plan import varlen_plan
 from fattn.reference import attention_reference
 from fattn.ring import shard
 from fattn.ulysses import kv_heads_of_ranks
@@ -151,6 +154,85 @@ def _check_sinks(what, sinks, ref_sinks, world):
         _check_close(f"{what} dsinks", dsinks, ref_sinks.grad, world)
 
 
+# ---------------------------------------------------------------- the packed ring's plan, in one process
+
+def _simulate_packed_ring(q, k, v, cu, world, causal, window, slopes):
+    """The packed ring's forward for `world` virtual ranks in one process: each rank's calls
+    against each block as the plan has it arrive (only the rows its hop carries)."""
+    plan = varlen_plan(tuple(cu), world, causal, window, slopes is not None)
+    qs, ks, vs = ([fattn.shard_varlen(t, cu, world, r) for r in range(world)] for t in (q, k, v))
+    options = Options(None, 0.0, slopes, False)
+    outs, lses = [], []
+    for rank in range(world):
+        acc = PackedAccumulator(qs[rank])
+        for step in range(max(plan.behind, plan.ahead) + 1):
+            for source, direction, _ in blocks_at(step, rank, world, plan.behind, plan.ahead, None, None, None):
+                held = [i for a, b in plan.held(source, direction, step).intervals for i in range(a, b)]
+                for call in plan.calls(rank, source, direction, step):
+                    out, lse = _call_forward(call, qs[rank], ks[source][held], vs[source][held], options)
+                    acc.add(call.tensors(q.device)[0], call.q_slices, out, lse)
+        outs.append(acc.out)
+        lses.append(acc.lse)
+    return fattn.unshard_varlen(outs, cu), fattn.unshard_varlen(lses, cu, dim=1)
+
+
+WINDOWS = [(-1, -1), (0, 0), (1, 1), (3, -1), (2, 5), (-1, 2), (7, -1), (40, 40), (0, 12)]
+
+
+@pytest.mark.parametrize("world", [2, 3] + [pytest.param(w, marks=pytest.mark.slow) for w in (1, 4, 5, 8)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_ring_plan_matches_attention(world, causal):
+    # Every pair of runs cut to its window (shorter and longer than the chunks, one- and
+    # two-sided), ALiBi's offsets, and each hop's rows, without a process group.
+    cu = _cu(DOC_LENGTHS + [30])
+    g = torch.Generator().manual_seed(world)
+    q = torch.randn(cu[-1], 4, HEAD_DIM, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(cu[-1], 2, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
+    for window in WINDOWS:
+        for slopes in (None, torch.linspace(0.1, 0.5, 4)):
+            out, lse = _simulate_packed_ring(q, k, v, cu, world, causal, window, slopes)
+            want_out, want_lse = _packed_reference(q, k, v, cu, causal, window, 0.0, None, slopes)
+            what = f"world {world} causal={causal} window={window} alibi={slopes is not None}"
+            torch.testing.assert_close(out, want_out, atol=1e-10, rtol=1e-10, msg=lambda m: f"{what}: {m}")
+            torch.testing.assert_close(lse, want_lse, atol=1e-10, rtol=1e-10, msg=lambda m: f"{what}: {m}")
+
+
+def test_packed_ring_hops_carry_only_rows_ahead_use():
+    # World 4, one document of 64 rows: chunks of 8, rank r holding positions [8r, 8r + 8) and
+    # [56 - 8r, 64 - 8r). Plain causal attention: a block's first hops go to later ranks, whose
+    # both chunks follow its first chunk and precede its second, so they carry the first chunk
+    # alone until a hop reaches a rank before the owner. A causal window of 4 reaches back only
+    # into the chunk just before: 4 rows of it, one hop each way (the second chunks' neighbours
+    # are the next rank's).
+    plan = varlen_plan((0, 64), 4, True, (-1, -1), False)
+    assert (plan.behind, plan.ahead) == (3, 0)
+    assert plan.sets[0, 1, 1].intervals == ((0, 8),)  # rank 0's block: ranks 1, 2, 3 need its first chunk
+    assert plan.sets[2, 1, 1].intervals == ((0, 16),)  # rank 2's: rank 3 its first chunk, ranks 0, 1 both
+    assert plan.sets[2, 1, 2].intervals == ((0, 16),)
+    windowed = varlen_plan((0, 64), 4, True, (4, -1), False)
+    assert (windowed.behind, windowed.ahead) == (1, 1)
+    assert windowed.sets[1, 1, 1].intervals == ((4, 8),)  # rank 2 sees positions 12-15 of rank 1's chunk 1
+    assert windowed.sets[1, -1, 1].intervals == ((12, 16),)  # rank 0's chunk 7 sees 52-55 of rank 1's chunk 6
+    for rank in range(4):  # each hop's rows inside the previous hop's: a rank forwards part of what it got
+        for direction, hops in ((1, plan.behind), (-1, plan.ahead)):
+            for hop in range(2, hops + 1):
+                inner, outer = plan.sets[rank, direction, hop], plan.sets[rank, direction, hop - 1]
+                assert all(any(a <= c and d <= b for a, b in outer.intervals) for c, d in inner.intervals)
+
+
+def test_packed_ring_calls_share_kernels():
+    # Plain causal attention over many documents: one varlen call per (rank, block) pair,
+    # whatever the number of documents (the full pairs of a document coalesce; documents are a
+    # call's sequences), where ALiBi needs one call per pair of chunks that meet.
+    cu = _cu([5, 9, 12, 3, 0, 20, 7])
+    plain, alibi = (varlen_plan(tuple(cu), 3, True, (-1, -1), a) for a in (False, True))
+    for rank in range(3):
+        for step in range(plain.behind + 1):
+            source = (rank - step) % 3
+            assert len(plain.calls(rank, source, 1 if step else 0, step)) <= 1
+    assert len(alibi.calls(0, 2, 1, 1)) > 1  # rank 0's second chunk against both of rank 2's, per document
+
+
 # ---------------------------------------------------------------- Ulysses, in a process group
 
 def _check_ulysses_dense(rank, world, variants):
@@ -208,17 +290,39 @@ def _check_packed(rank, world, variants, attention, lengths=DOC_LENGTHS):
             _check_sinks(what, args["sinks"], ref["sinks"], world)
 
 
-def _check_ulysses(rank, world):
+def _check_ring_bad_input(rank, world):
+    heads, kv_heads = _heads(world)
+    cu = _cu(DOC_LENGTHS)
+    q, k, v, _, _ = _problem((cu[-1], heads, HEAD_DIM), (cu[-1], kv_heads, HEAD_DIM), (heads, cu[-1]), 0)
+    local = [fattn.shard_varlen(t, cu, world, rank) for t in (q, k, v)]
+    other = _cu(DOC_LENGTHS[:-1] + [DOC_LENGTHS[-1] + world])  # the last document longer, on every rank alike
+    mixed = cu if rank == 0 else other
+    mixed_local = local if rank == 0 else [fattn.shard_varlen(torch.cat([t, t[:world]]), other, world, rank)
+                                           for t in (q, k, v)]
+    with pytest.raises(ValueError, match=r"has total rows|has cu_seqlens checksum"):
+        fattn.ring_flash_attn_varlen_func(*mixed_local, mixed, causal=True)
+    with pytest.raises(ValueError, match=r"part of the batch is \d+ rows"):
+        fattn.ring_flash_attn_varlen_func(*(t[1:] for t in local), cu)
+    with pytest.raises(ValueError, match=r"start at 0 and never decrease"):
+        fattn.ring_flash_attn_varlen_func(*local, [0, 5, 3])
+    with pytest.raises(RuntimeError, match=rf"alibi_slopes has shape \[2, {heads}\]"):
+        fattn.ring_flash_attn_varlen_func(*local, cu, alibi_slopes=torch.ones(2, heads))
+
+
+def _check_every_variant(rank, world):
     _check_ulysses_dense(rank, world, VARIANTS)
-    _check_packed(rank, world, VARIANTS, fattn.ulysses_flash_attn_varlen_func)
+    for attention in (fattn.ulysses_flash_attn_varlen_func, fattn.ring_flash_attn_varlen_func):
+        _check_packed(rank, world, VARIANTS, attention)
 
 
-def _check_ulysses_fast(rank, world):
+def _check_fast(rank, world):
     _check_ulysses_dense(rank, world, FAST_VARIANTS)
-    _check_packed(rank, world, FAST_VARIANTS, fattn.ulysses_flash_attn_varlen_func)
+    for attention in (fattn.ulysses_flash_attn_varlen_func, fattn.ring_flash_attn_varlen_func):
+        _check_packed(rank, world, FAST_VARIANTS, attention)
+    _check_ring_bad_input(rank, world)
 
 
-CHECKS = {"ulysses": _check_ulysses, "ulysses_fast": _check_ulysses_fast}
+CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast}
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):
@@ -246,11 +350,13 @@ def _spawn(world, check_name):
             pytest.fail("\n".join(reports) or "a worker failed")
 
 
-def test_ulysses_matches_single_process_attention():
-    _spawn(3, "ulysses_fast")
+# One spawn per world runs every check (a spawn costs seconds).
+def test_context_parallel_matches_single_process_attention():
+    # World 3: the remainders of odd documents, a straddled KV group (6 heads over 2 KV heads).
+    _spawn(3, "fast")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
-def test_ulysses_every_variant(world):
-    _spawn(world, "ulysses")
+def test_context_parallel_every_variant(world):
+    _spawn(world, "every_variant")

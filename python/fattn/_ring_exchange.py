@@ -42,20 +42,23 @@ class Ring:
     def _global(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank) if self.group else rank
 
-    def exchange(self, tensors: list[torch.Tensor], offset: int = 1):
+    def exchange(self, tensors: list[torch.Tensor], offset: int = 1, shapes=None):
         """Posts send(tensors -> rank + offset) and recv(<- rank - offset), ring neighbours by
         default; returns (received, handles, sent): the sent tensors stay referenced until the
-        exchange is waited for, since a sliced block's copy has no other owner."""
+        exchange is waited for, since a sliced block's copy has no other owner. What arrives has
+        the sent tensors' shapes, or `shapes` where the ranks hold blocks of different sizes (the
+        packed ring's); empty tensors travel without an op, the receiver knowing them empty."""
         offset %= self.world
         if offset == 0:  # a rank is its own neighbour: nothing travels
             return list(tensors), [], tensors
         to, frm = self._global((self.rank + offset) % self.world), self._global((self.rank - offset) % self.world)
-        received = [torch.empty_like(t) for t in tensors]
-        ops = [dist.P2POp(dist.isend, t, to, self.group) for t in tensors]
-        ops += [dist.P2POp(dist.irecv, r, frm, self.group) for r in received]
+        shapes = [t.shape for t in tensors] if shapes is None else shapes
+        received = [t.new_empty(shape) for t, shape in zip(tensors, shapes)]
+        ops = [dist.P2POp(dist.isend, t, to, self.group) for t in tensors if t.numel()]
+        ops += [dist.P2POp(dist.irecv, r, frm, self.group) for r in received if r.numel()]
         self.p2p_ops += len(ops)
         self.sent_elements += sum(t.numel() for t in tensors)
-        return received, dist.batch_isend_irecv(ops), tensors
+        return received, dist.batch_isend_irecv(ops) if ops else [], tensors
 
 
 def _wait(handles) -> None:

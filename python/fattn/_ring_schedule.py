@@ -114,6 +114,15 @@ def _schedule(world, local_len, causal, sharding, window) -> tuple[int, int]:
     # need[o]: some rank computes against the block of the rank o places before it.
     need = [any(plan(r, (r - o) % world, world, local_len, causal, sharding, window) for r in range(world))
             for o in range(world)]
+    return fewest_hops(need)
+
+
+def fewest_hops(need: list[bool]) -> tuple[int, int]:
+    """(behind, ahead) that bring every rank the blocks of the ranks `o` places before it for
+    which need[o] holds (need[0], a rank's own block, costs no hop), in the fewest hops, then the
+    one-way ring: offsets up to `behind` travel forward, the rest backward (world - o hops). The
+    dense ring's and the packed ring's schedules alike."""
+    world = len(need)
     best = None
     for behind in range(world):
         ahead = max((world - o for o in range(behind + 1, world) if need[o]), default=0)

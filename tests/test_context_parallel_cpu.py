@@ -322,7 +322,29 @@ def _check_fast(rank, world):
     _check_ring_bad_input(rank, world)
 
 
-CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast}
+def _check_compiled_ulysses(rank, world):
+    # The all-to-alls trace into one graph (fullgraph: a graph break raises), forward and
+    # backward, and the compiled step gives the eager one's out and gradients.
+    heads, kv_heads = _heads(world)
+    cu = _cu(DOC_LENGTHS)
+    dense = _problem((2, 6 * world, heads, HEAD_DIM), (2, 6 * world, kv_heads, HEAD_DIM), (1,), 7)[:3]
+    packed = _problem((cu[-1], heads, HEAD_DIM), (cu[-1], kv_heads, HEAD_DIM), (1,), 8)[:3]
+    cases = [(lambda q, k, v: fattn.ulysses_flash_attn_func(q, k, v, causal=True, window_size=(5, -1)),
+              [shard(t, world, rank) for t in dense]),
+             (lambda q, k, v: fattn.ulysses_flash_attn_varlen_func(q, k, v, cu, 13, causal=True),
+              [fattn.shard_varlen(t, cu, world, rank) for t in packed])]
+    for fn, inputs in cases:
+        results = []
+        for step in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            out = step(*leaves)
+            (out * out).sum().backward()
+            results.append([out] + [t.grad for t in leaves])
+        for got, want in zip(*results):
+            _check_close(f"compiled ulysses rank {rank}", got, want, world)
+
+
+CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast, "compiled_ulysses": _check_compiled_ulysses}
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):
@@ -360,3 +382,8 @@ def test_context_parallel_matches_single_process_attention():
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_context_parallel_every_variant(world):
     _spawn(world, "every_variant")
+
+
+@pytest.mark.slow
+def test_ulysses_compiles_without_graph_breaks():
+    _spawn(2, "compiled_ulysses")

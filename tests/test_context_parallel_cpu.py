@@ -322,29 +322,46 @@ def _check_fast(rank, world):
     _check_ring_bad_input(rank, world)
 
 
-def _check_compiled_ulysses(rank, world):
-    # The all-to-alls trace into one graph (fullgraph: a graph break raises), forward and
-    # backward, and the compiled step gives the eager one's out and gradients.
+def _check_compiled(rank, world):
+    # The all-to-alls trace into one graph and the packed ring is one opaque op (fullgraph: a
+    # graph break raises), forward and backward; the compiled step gives the eager one's out and
+    # gradients, and a second batch (new offsets, in a tensor) reuses the ring's graph.
     heads, kv_heads = _heads(world)
     cu = _cu(DOC_LENGTHS)
     dense = _problem((2, 6 * world, heads, HEAD_DIM), (2, 6 * world, kv_heads, HEAD_DIM), (1,), 7)[:3]
     packed = _problem((cu[-1], heads, HEAD_DIM), (cu[-1], kv_heads, HEAD_DIM), (1,), 8)[:3]
+    sinks = torch.linspace(-1.0, 1.0, heads)
+
+    def ring(q, k, v, cu_seqlens):
+        return fattn.ring_flash_attn_varlen_func(q, k, v, cu_seqlens, causal=True, window_size=(4, -1), sinks=sinks)
+
     cases = [(lambda q, k, v: fattn.ulysses_flash_attn_func(q, k, v, causal=True, window_size=(5, -1)),
-              [shard(t, world, rank) for t in dense]),
+              [shard(t, world, rank) for t in dense], ()),
              (lambda q, k, v: fattn.ulysses_flash_attn_varlen_func(q, k, v, cu, 13, causal=True),
-              [fattn.shard_varlen(t, cu, world, rank) for t in packed])]
-    for fn, inputs in cases:
+              [fattn.shard_varlen(t, cu, world, rank) for t in packed], ()),
+             (ring, [fattn.shard_varlen(t, cu, world, rank) for t in packed], (torch.tensor(cu),))]
+    for fn, inputs, extra in cases:
         results = []
         for step in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
             leaves = [t.clone().requires_grad_() for t in inputs]
-            out = step(*leaves)
+            out = step(*leaves, *extra)
             (out * out).sum().backward()
             results.append([out] + [t.grad for t in leaves])
         for got, want in zip(*results):
-            _check_close(f"compiled ulysses rank {rank}", got, want, world)
+            _check_close(f"compiled rank {rank}", got, want, world)
+    # Offsets are data, not constants of the graph: a new batch (shapes symbolic) compiles nothing.
+    compiled = torch.compile(lambda q, k, v, cu_seqlens: ring(q, k, v, cu_seqlens), backend="aot_eager",
+                             fullgraph=True, dynamic=True)
+    for i, lengths in enumerate((DOC_LENGTHS, [3, 11, 0, 18, 4])):
+        other = _cu(lengths)
+        q, k, v = _problem((other[-1], heads, HEAD_DIM), (other[-1], kv_heads, HEAD_DIM), (1,), 9)[:3]
+        local = [fattn.shard_varlen(t, other, world, rank).requires_grad_() for t in (q, k, v)]
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = compiled(*local, torch.tensor(other))
+        _check_close(f"compiled ring, batch {lengths}", got, ring(*local, torch.tensor(other)), world)
 
 
-CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast, "compiled_ulysses": _check_compiled_ulysses}
+CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast, "compiled": _check_compiled}
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):
@@ -385,5 +402,5 @@ def test_context_parallel_every_variant(world):
 
 
 @pytest.mark.slow
-def test_ulysses_compiles_without_graph_breaks():
-    _spawn(2, "compiled_ulysses")
+def test_context_parallel_compiles_without_graph_breaks():
+    _spawn(2, "compiled")

@@ -11,6 +11,23 @@ import torch.distributed as dist
 from ._ring_schedule import Piece
 
 
+DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+
+
+def check_agreement(fn: str, group, q, meta: list[int], names: tuple[str, ...]) -> None:
+    """One small all-gather tells every rank what the others hold (`meta`, ints named by
+    `names`): unequal shards or mismatched dtypes would otherwise hang or corrupt the ring."""
+    mine = torch.tensor(meta, dtype=torch.int64, device=q.device if dist.get_backend(group) == "nccl" else "cpu")
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    for rank, other in enumerate(gathered):
+        for i, name in enumerate(names):
+            if other[i] != mine[i]:
+                raise ValueError(f"fattn.{fn}: rank {rank} has {name} {other[i].item()} but rank "
+                                 f"{dist.get_rank(group)} has {mine[i].item()}; every rank needs matching shards "
+                                 f"of one dtype")
+
+
 @dataclass(frozen=True, eq=False)
 class Block:
     """Rows [lo, lo + len) of a K/V block, as a hop carries them (the whole block at home)."""

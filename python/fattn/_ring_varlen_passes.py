@@ -14,7 +14,6 @@ from ._library import load_library
 from ._ring_exchange import Ring, received
 from ._ring_schedule import blocks_at
 from ._ring_varlen_plan import Call, RowSet, VarlenPlan
-from .attention import sinks_gradient
 from .merge import merge_attention_states
 
 load_library()
@@ -211,23 +210,3 @@ def ring_backward(dout, dlse, q, k, v, out, lse, ring: Ring, plan: VarlenPlan, o
                 dk[s] += home_k[t]
                 dv[s] += home_v[t]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-class PackedRingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, group, plan, options):
-        out, lse = ring_forward(q, k, v, sinks, Ring(group), plan, options)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.settings = (group, plan, options)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        group, plan, options = ctx.settings
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = ring_backward(dout.contiguous(), dlse, q, k, v, out, lse, Ring(group), plan, options)
-        # This rank's rows' share, as in the dense ring.
-        dsinks = sinks_gradient(sinks, dout, out, lse, dlse) if sinks is not None and ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dsinks, None, None, None

@@ -23,36 +23,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._arguments import window_pair
+from ._arguments import real, window_pair
 from ._checks import check_alibi_slopes, check_sinks, check_softcap, lse_dtype
-from ._ring_exchange import Block
+from ._ring_exchange import DTYPE_CODES, Block, check_agreement
 from ._ring_passes import Accumulator, RingAttention, forward_step
 from ._ring_schedule import blocks_at, plan, ring_schedule
 from ._ring_sharding import SHARDINGS, check_sharding, check_world, shard, unshard
-from ._cp_sharding import offsets, packed_layout, shard_varlen, unshard_varlen, varlen_shard_layout
-from ._ring_varlen_passes import Options, PackedRingAttention
-from ._ring_varlen_plan import varlen_plan
+from ._cp_sharding import offsets, shard_varlen, unshard_varlen, varlen_shard_layout
+from ._ring_varlen_op import group_name, ring_varlen_forward
 
 __all__ = ["SHARDINGS", "ring_flash_attn_func", "ring_flash_attn_varlen_func", "ring_schedule", "shard",
            "shard_varlen", "simulate", "unshard", "unshard_varlen", "varlen_shard_layout"]
-
-_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
-
-
-def _check_agreement(fn, group, q, meta: list[int], names: tuple[str, ...]) -> None:
-    """One small all-gather tells every rank what the others hold: unequal shards, mismatched
-    dtypes or batches would otherwise hang or corrupt the ring."""
-    world = dist.get_world_size(group)
-    mine = torch.tensor(meta, dtype=torch.int64, device=q.device if dist.get_backend(group) == "nccl" else "cpu")
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
-    for rank, other in enumerate(gathered):
-        for i, name in enumerate(names):
-            if other[i] != mine[i]:
-                raise ValueError(f"fattn.{fn}: rank {rank} has {name} {other[i].item()} but rank "
-                                 f"{dist.get_rank(group)} has {mine[i].item()}; every rank needs matching shards "
-                                 f"of one dtype")
-
 
 def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_slopes):
     check_sharding(sharding)
@@ -72,9 +53,9 @@ def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_s
         raise ValueError(f"fattn.ring_flash_attn_func: zigzag shards hold two equal chunks, so the local "
                          f"length must be even (the sequence divisible by 2 * world = {2 * world}); "
                          f"got {q.shape[1]}")
-    _check_agreement("ring_flash_attn_func", group, q,
-                     [q.shape[1], _DTYPE_CODES.get(q.dtype, 0), q.shape[0], q.shape[2], k.shape[2], q.shape[3]],
-                     ("shard length", "dtype", "batch", "heads", "kv heads", "head_dim"))
+    check_agreement("ring_flash_attn_func", group, q,
+                    [q.shape[1], DTYPE_CODES.get(q.dtype, 0), q.shape[0], q.shape[2], k.shape[2], q.shape[3]],
+                    ("shard length", "dtype", "batch", "heads", "kv heads", "head_dim"))
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
@@ -108,37 +89,35 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None
     """Attention of this rank's rows of a packed batch over the whole batch held by `group`.
 
     q, k, v: this rank's shard [local_total, heads, head_dim] (GQA allowed) of the packed batch
-    whose documents the global `cu_seqlens` cuts (int tensor or list, starting at 0; read on the
-    host, as the shapes of what travels depend on it: a CPU tensor or a list spares a CUDA sync),
-    laid out as fattn.shard_varlen lays it out (every document zigzag-split over the ranks).
-    max_seqlen is taken for the varlen functions' signature and not needed. Returns this rank's
-    out rows (and lse, [heads, local_total], differentiable). Documents attend only to
-    themselves; causal, window_size, softcap, alibi_slopes ([heads] or [documents, heads]) and
-    sinks mean what they mean in flash_attn_varlen_func, over each document's own positions. K/V
-    blocks carry only the rows that the ranks still ahead of them use, and travel only as far as
-    some rank's rows see them. Works with NCCL and gloo, as ring_flash_attn_func.
+    whose documents the global `cu_seqlens` cuts (an int tensor, or a list, starting at 0), laid
+    out as fattn.shard_varlen lays it out (every document zigzag-split over the ranks). The ring
+    reads the offsets on the host, since the shapes of what travels depend on them: a CPU tensor
+    spares a CUDA sync, and under torch.compile a tensor keeps one graph for every batch (a list's
+    values are constants of the graph). max_seqlen is taken for the varlen functions' signature
+    and not needed. Returns this rank's out rows (and lse, [heads, local_total], differentiable).
+    Documents attend only to themselves; causal, window_size, softcap, alibi_slopes ([heads] or
+    [documents, heads]) and sinks mean what they mean in flash_attn_varlen_func, over each
+    document's own positions. K/V blocks carry only the rows that the ranks still ahead of them
+    use, and travel only as far as some rank's rows see them. Works with NCCL and gloo, as
+    ring_flash_attn_func; torch.compile sees one call (python/fattn/_ring_varlen_op.py).
     """
     fn = "ring_flash_attn_varlen_func"
     left, right = window_pair(fn, window_size)
-    check_softcap(f"fattn.{fn}", softcap)
+    softcap = real(fn, "softcap", softcap)
+    if not torch.compiler.is_compiling():  # traced, it can be symbolic: the op checks it when it runs
+        check_softcap(f"fattn.{fn}", softcap)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"fattn.{fn}: {name} must be [local_total, heads, head_dim], got shape {list(t.shape)}")
-    cu = offsets(fn, cu_seqlens)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    layout = packed_layout(cu, world)
-    if not q.shape[0] == k.shape[0] == v.shape[0] == layout.local_total(rank):
-        raise ValueError(f"fattn.{fn}: rank {rank}'s part of the batch is {layout.local_total(rank)} rows "
-                         f"(fattn.varlen_shard_layout); got q, k, v of {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if not isinstance(cu_seqlens, torch.Tensor):
+        cu_seqlens = torch.tensor(offsets(fn, cu_seqlens), dtype=torch.int64)
+    elif cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point:
+        raise ValueError(f"fattn.{fn}: cu_seqlens must be a 1-D integer tensor, got {cu_seqlens.dtype} of shape "
+                         f"{list(cu_seqlens.shape)}")
     check_sinks(f"fattn.{fn}", sinks, q, q.shape[1])
-    check_alibi_slopes(f"fattn.{fn}", alibi_slopes, q, layout.docs, q.shape[1])
-    checksum = sum((i + 1) * x for i, x in enumerate(cu)) % (2**61 - 1)
-    _check_agreement(fn, group, q, [len(cu), cu[-1], checksum, _DTYPE_CODES.get(q.dtype, 0), q.shape[1], k.shape[1],
-                                 q.shape[2]],
-                     ("documents + 1", "total rows", "cu_seqlens checksum", "dtype", "heads", "kv heads", "head_dim"))
-    plan = varlen_plan(cu, world, bool(causal), (left, right), alibi_slopes is not None)
-    options = Options(softmax_scale, float(softcap), alibi_slopes, deterministic)
-    out, lse = PackedRingAttention.apply(q, k, v, sinks, group, plan, options)
+    check_alibi_slopes(f"fattn.{fn}", alibi_slopes, q, cu_seqlens.shape[0] - 1, q.shape[1])
+    out, lse = ring_varlen_forward(q, k, v, cu_seqlens, sinks, alibi_slopes, group_name(group), bool(causal), left,
+                                   right, softmax_scale, softcap, bool(deterministic))
     return (out, lse) if return_lse else out
 
 

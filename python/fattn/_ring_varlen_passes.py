@@ -49,11 +49,13 @@ class PackedAccumulator:
         self.lse = torch.full((h, n), float("-inf"), dtype=acc_dtype, device=q.device)
         if sinks is not None:
             self.lse.copy_(sinks.to(acc_dtype)[:, None].expand(h, n))
-        self.filled = [] if sinks is None else [(0, n)]  # row ranges holding a partial already
+        # 1 for each row holding a partial already (a bytearray: its find runs at C speed over
+        # the many slices of a call over many documents)
+        self.filled = bytearray([0 if sinks is None else 1]) * n
 
     def add(self, index, row_slices, part_out, part_lse) -> None:
         """Merges a partial into the rows `index` (row_slices: the same rows as slices)."""
-        if all(s.stop <= lo or hi <= s.start for s in row_slices for lo, hi in self.filled):
+        if all(self.filled.find(1, s.start, s.stop) < 0 for s in row_slices):
             merged_out, merged_lse = part_out, part_lse  # into empty rows: the partial itself
         else:
             outs = torch.stack([_take(self.out, index), part_out.to(self.out.dtype)])[:, None]
@@ -64,7 +66,8 @@ class PackedAccumulator:
         else:
             self.out.index_copy_(0, index, merged_out.to(self.out.dtype))
             self.lse.index_copy_(1, index, merged_lse.to(self.lse.dtype))
-        self.filled += [(s.start, s.stop) for s in row_slices]
+        for s in row_slices:
+            self.filled[s] = b"\x01" * (s.stop - s.start)
 
 
 class Options:

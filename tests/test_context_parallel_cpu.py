@@ -235,11 +235,14 @@ def test_packed_ring_calls_share_kernels():
 
 # ---------------------------------------------------------------- Ulysses, in a process group
 
-def _check_ulysses_dense(rank, world, variants):
+def _check_ulysses_dense(rank, world, variants, product=None):
+    """ulysses_flash_attn_func against attention_reference; with product = (groups, part), the
+    product with the ring: `part(t, sharding, dim)` is this rank's part of a full tensor."""
     heads, kv_heads = _heads(world)
     batch, seqlen = 2, 6 * world
     q, k, v, w_out, w_lse = _problem((batch, seqlen, heads, HEAD_DIM), (batch, seqlen, kv_heads, HEAD_DIM),
                                      (batch, heads, seqlen), world)
+    groups, part = product or ({}, lambda t, sharding, dim=1: shard(t, world, rank, sharding, dim))
     for variant in variants:
         for sharding in ("zigzag", "contiguous"):
             ref = _variant_args(variant, heads, batch)
@@ -249,25 +252,26 @@ def _check_ulysses_dense(rank, world, variants):
                                                    alibi_slopes=ref["alibi_slopes"])
             ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
             args = _variant_args(variant, heads, batch)
-            local = [shard(t, world, rank, sharding).clone().requires_grad_() for t in (q, k, v)]
-            out, lse = fattn.ulysses_flash_attn_func(*local, return_lse=True, sharding=sharding, **args)
-            ((out * shard(w_out, world, rank, sharding)).sum()
-             + (lse * shard(w_lse, world, rank, sharding, dim=2)).sum()).backward()
-            what = f"ulysses rank {rank}/{world} {variant} {sharding}"
-            _check_close(what, out, shard(ref_out, world, rank, sharding), world)
-            _check_close(f"{what} lse", lse, shard(ref_lse, world, rank, sharding, dim=2), world)
+            local = [part(t, sharding).clone().requires_grad_() for t in (q, k, v)]
+            out, lse = fattn.ulysses_flash_attn_func(*local, return_lse=True, sharding=sharding, **groups, **args)
+            ((out * part(w_out, sharding)).sum() + (lse * part(w_lse, sharding, dim=2)).sum()).backward()
+            what = f"ulysses rank {rank}/{world} {variant} {sharding} product={product is not None}"
+            _check_close(what, out, part(ref_out, sharding), world)
+            _check_close(f"{what} lse", lse, part(ref_lse, sharding, dim=2), world)
             for got, leaf, name in zip(local, leaves, ("dq", "dk", "dv")):
-                _check_close(f"{what} {name}", got.grad, shard(leaf.grad, world, rank, sharding), world)
+                _check_close(f"{what} {name}", got.grad, part(leaf.grad, sharding), world)
             _check_sinks(what, args["sinks"], ref["sinks"], world)
 
 
-def _check_packed(rank, world, variants, attention, lengths=DOC_LENGTHS):
-    """`attention` (a varlen context-parallel function) against _packed_reference."""
+def _check_packed(rank, world, variants, attention, lengths=DOC_LENGTHS, product=None):
+    """`attention` (a varlen context-parallel function) against _packed_reference; product as in
+    _check_ulysses_dense, `part(t, cu, dim)`."""
     heads, kv_heads = _heads(world)
     cu = _cu(lengths)
     total = cu[-1]
     q, k, v, w_out, w_lse = _problem((total, heads, HEAD_DIM), (total, kv_heads, HEAD_DIM), (heads, total),
                                      100 + world)
+    groups, part = product or ({}, lambda t, cu, dim=0: fattn.shard_varlen(t, cu, world, rank, dim))
     for variant in variants:
         for per_document_slopes in ((False, True) if variant[4] else (False,)):
             rows = len(lengths) if per_document_slopes else None
@@ -278,16 +282,37 @@ def _check_packed(rank, world, variants, attention, lengths=DOC_LENGTHS):
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             ref_out, ref_lse = _packed_reference(*leaves, cu, **ref)
             ((ref_out * w_out).sum() + (ref_lse * w_lse).sum()).backward()
-            local = [fattn.shard_varlen(t, cu, world, rank).clone().requires_grad_() for t in (q, k, v)]
-            out, lse = attention(*local, torch.tensor(cu, dtype=torch.int32), return_lse=True, **args)
-            ((out * fattn.shard_varlen(w_out, cu, world, rank)).sum()
-             + (lse * fattn.shard_varlen(w_lse, cu, world, rank, dim=1)).sum()).backward()
-            what = f"{attention.__name__} rank {rank}/{world} {variant} per-document slopes={per_document_slopes}"
-            _check_close(what, out, fattn.shard_varlen(ref_out, cu, world, rank), world)
-            _check_close(f"{what} lse", lse, fattn.shard_varlen(ref_lse, cu, world, rank, dim=1), world)
+            local = [part(t, cu).clone().requires_grad_() for t in (q, k, v)]
+            out, lse = attention(*local, torch.tensor(cu, dtype=torch.int32), return_lse=True, **groups, **args)
+            ((out * part(w_out, cu)).sum() + (lse * part(w_lse, cu, dim=1)).sum()).backward()
+            what = (f"{attention.__name__} rank {rank}/{world} {variant} per-document slopes={per_document_slopes} "
+                    f"product={product is not None}")
+            _check_close(what, out, part(ref_out, cu), world)
+            _check_close(f"{what} lse", lse, part(ref_lse, cu, dim=1), world)
             for got, leaf, name in zip(local, leaves, ("dq", "dk", "dv")):
-                _check_close(f"{what} {name}", got.grad, fattn.shard_varlen(leaf.grad, cu, world, rank), world)
+                _check_close(f"{what} {name}", got.grad, part(leaf.grad, cu), world)
             _check_sinks(what, args["sinks"], ref["sinks"], world)
+
+
+def _check_product(rank, world, ulysses_world):
+    """The all-to-all over groups of `ulysses_world` consecutive ranks, the ring across them."""
+    ring_world = world // ulysses_world
+    ring_rank, ulysses_rank = divmod(rank, ulysses_world)
+    # Every rank creates every group, in one order.
+    ulysses_groups = [dist.new_group([r * ulysses_world + u for u in range(ulysses_world)]) for r in range(ring_world)]
+    ring_groups = [dist.new_group([r * ulysses_world + u for r in range(ring_world)]) for u in range(ulysses_world)]
+    groups = dict(group=ulysses_groups[ring_rank], ring_group=ring_groups[ulysses_rank])
+
+    def dense_part(t, sharding, dim=1):
+        return shard(t, ring_world, ring_rank, sharding, dim).tensor_split(ulysses_world, dim)[ulysses_rank]
+
+    def packed_part(t, cu, dim=0):
+        return fattn.shard_varlen(t, cu, ring_world, ring_rank, dim).tensor_split(ulysses_world, dim)[ulysses_rank]
+
+    # Each feature once (the every-variant runs hold each scheme to all of them).
+    variants = [VARIANTS[i] for i in (1, 2, 3, 7)]
+    _check_ulysses_dense(rank, world, variants, (groups, dense_part))
+    _check_packed(rank, world, variants, fattn.ulysses_flash_attn_varlen_func, product=(groups, packed_part))
 
 
 def _check_ring_bad_input(rank, world):
@@ -361,7 +386,8 @@ def _check_compiled(rank, world):
         _check_close(f"compiled ring, batch {lengths}", got, ring(*local, torch.tensor(other)), world)
 
 
-CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast, "compiled": _check_compiled}
+CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast, "compiled": _check_compiled,
+          "product": lambda rank, world: _check_product(rank, world, 2)}
 
 
 def _worker(rank, world, init_file, check_name, errors_dir):
@@ -404,3 +430,9 @@ def test_context_parallel_every_variant(world):
 @pytest.mark.slow
 def test_context_parallel_compiles_without_graph_breaks():
     _spawn(2, "compiled")
+
+
+@pytest.mark.slow
+def test_ulysses_times_ring_matches_single_process_attention():
+    # 4 ranks: all-to-all over pairs, the ring across them; 8 query heads, 2 KV heads.
+    _spawn(4, "product")

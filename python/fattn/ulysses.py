@@ -25,6 +25,7 @@ from ._checks import check_alibi_slopes, check_sinks
 from ._cp_sharding import offsets, packed_layout
 from ._ring_sharding import check_sharding, chunks_of_rank
 from .attention import flash_attn_func
+from .ring import ring_flash_attn_func, ring_flash_attn_varlen_func
 from .varlen import flash_attn_varlen_func
 
 __all__ = ["kv_heads_of_ranks", "ulysses_flash_attn_func", "ulysses_flash_attn_varlen_func"]
@@ -115,45 +116,60 @@ def _group_shape(group):
     return dist.get_world_size(group), dist.get_rank(group)
 
 
+def _take(t, index):
+    """Rows `index` of t along dim 0 (None: all, in order)."""
+    return t if index is None else t.index_select(0, index)
+
+
 def ulysses_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
                             deterministic=False, return_lse=False, sharding="zigzag", *, softcap=0.0, sinks=None,
-                            alibi_slopes=None):
+                            alibi_slopes=None, ring_group=None):
     """ring_flash_attn_func's contract through two all-to-alls: q, k, v are this rank's shard
     [batch, seqlen / world, heads, head_dim] (GQA allowed) laid out by `sharding` ("zigzag" or
     "contiguous", fattn.ring.shard); returns this rank's out shard (and lse, [batch, heads,
     seqlen / world]). heads must be a multiple of the world; kv_heads need not be (see
     kv_heads_of_ranks). window_size, softcap, alibi_slopes and sinks as in flash_attn_func over
     the global positions; the sinks' gradient is this rank's heads' (sum it over the ranks, as
-    for any replicated parameter)."""
+    for any replicated parameter).
+
+    ring_group: the product of both schemes. The sequence is sharded over ring_group (`sharding`)
+    and each ring shard split over `group` (torch.tensor_split along the sequence, rank order):
+    the all-to-all gathers the ring shard of heads / world heads, which ring_flash_attn_func runs
+    over ring_group. Each rank is in one `group` and one ring_group."""
+    fn = "ulysses_flash_attn_func"
     check_sharding(sharding)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"fattn.ulysses_flash_attn_func: q, k, v must be [batch, seqlen/world, heads, head_dim], "
+        raise ValueError(f"fattn.{fn}: q, k, v must be [batch, seqlen/world, heads, head_dim], "
                          f"got shapes {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     world, rank = _group_shape(group)
     heads, local_len = q.shape[2], q.shape[1]
     kv_heads_of_ranks(heads, k.shape[2], world)  # the heads' checks
-    check_sinks("fattn.ulysses_flash_attn_func", sinks, q, heads)
-    check_alibi_slopes("fattn.ulysses_flash_attn_func", alibi_slopes, q, q.shape[0], heads)
-    if sharding == "zigzag" and local_len % 2:
-        raise ValueError(f"fattn.ulysses_flash_attn_func: zigzag shards hold two equal chunks, so the local "
-                         f"length must be even, got {local_len}")
+    check_sinks(f"fattn.{fn}", sinks, q, heads)
+    check_alibi_slopes(f"fattn.{fn}", alibi_slopes, q, q.shape[0], heads)
+    if ring_group is None and sharding == "zigzag" and local_len % 2:
+        raise ValueError(f"fattn.{fn}: zigzag shards hold two equal chunks, so the local length must be even, "
+                         f"got {local_len}")
     k, v = _kv_for_exchange(k, v, heads, world)
     # Sequence-major, so that the exchange splits and joins along dim 0.
     q_h, k_h, v_h = (_to_head_shards(t.transpose(0, 1), world, group, local_len, None) for t in (q, k, v))
-    # The gathered rows are the shards in rank order: put them in sequence order.
-    order = _dense_rows(world, local_len, sharding)
-    to_sequence = torch.argsort(torch.tensor(order, device=q.device))
-    q_h, k_h, v_h = (t.index_select(0, to_sequence).transpose(0, 1) for t in (q_h, k_h, v_h))
-    out, lse = flash_attn_func(q_h, k_h, v_h, 0.0, softmax_scale, causal, window_size, softcap,
-                               _head_slice(alibi_slopes, rank, world, heads), deterministic, return_lse=True,
-                               sinks=_head_slice(sinks, rank, world, heads))
-    to_shards = torch.tensor(order, device=q.device)
-    out = _to_sequence_shards(out.transpose(0, 1).index_select(0, to_shards), world, group, local_len, None)
+    # The gathered rows are the shards in rank order: the sequence (reordered) or the ring shard (as is).
+    order = None if ring_group is not None else torch.tensor(_dense_rows(world, local_len, sharding), device=q.device)
+    to_sequence = None if order is None else torch.argsort(order)
+    q_h, k_h, v_h = (_take(t, to_sequence).transpose(0, 1) for t in (q_h, k_h, v_h))
+    mine = dict(softcap=softcap, sinks=_head_slice(sinks, rank, world, heads),
+                alibi_slopes=_head_slice(alibi_slopes, rank, world, heads))
+    if ring_group is None:
+        out, lse = flash_attn_func(q_h, k_h, v_h, 0.0, softmax_scale, causal, window_size, deterministic=deterministic,
+                                   return_lse=True, **mine)
+    else:
+        out, lse = ring_flash_attn_func(q_h, k_h, v_h, ring_group, causal, softmax_scale, window_size, deterministic,
+                                        True, sharding, **mine)
+    out = _to_sequence_shards(_take(out.transpose(0, 1), order), world, group, local_len, None)
     out = out.transpose(0, 1)
     if not return_lse:
         return out
     # lse [batch, heads / world, seqlen] travels as [seqlen, batch, heads / world, 1].
-    lse = lse.permute(2, 0, 1).index_select(0, to_shards).unsqueeze(-1)
+    lse = _take(lse.permute(2, 0, 1), order).unsqueeze(-1)
     lse = _to_sequence_shards(lse, world, group, local_len, None).squeeze(-1).permute(1, 2, 0)
     return out, lse
 
@@ -169,42 +185,53 @@ def _dense_rows(world: int, local_len: int, sharding: str) -> list[int]:
 
 def ulysses_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None, causal=False,
                                    softmax_scale=None, window_size=(-1, -1), deterministic=False, return_lse=False,
-                                   *, softcap=0.0, sinks=None, alibi_slopes=None):
+                                   *, softcap=0.0, sinks=None, alibi_slopes=None, ring_group=None):
     """Packed documents through two all-to-alls: q, k, v are this rank's shard [local_total,
     heads, head_dim] of the packed batch cut by the global `cu_seqlens` (laid out as
     fattn.shard_varlen lays it out; cu_seqlens is read on the host: pass a CPU tensor or a list to
     spare a CUDA sync). max_seqlen: the longest document (computed from cu_seqlens if None).
     Returns this rank's out rows (and lse, [heads, local_total]). alibi_slopes: [heads] or
-    [documents, heads]. Otherwise as ulysses_flash_attn_func."""
+    [documents, heads]. Otherwise as ulysses_flash_attn_func; with ring_group, the packed batch is
+    sharded over ring_group (fattn.shard_varlen) and each ring shard split over `group`
+    (torch.tensor_split, rank order), and ring_flash_attn_varlen_func runs over ring_group."""
     fn = "ulysses_flash_attn_varlen_func"
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"fattn.{fn}: q, k, v must be [local_total, heads, head_dim], got shapes "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     world, rank = _group_shape(group)
     cu = offsets(fn, cu_seqlens)
-    layout = packed_layout(cu, world)
+    if ring_group is None:
+        layout = packed_layout(cu, world)
+        rows_of = [layout.local_total(r) for r in range(world)]
+    else:  # this group's ring shard, split as torch.tensor_split splits it
+        ring_rows = packed_layout(cu, dist.get_world_size(ring_group)).local_total(dist.get_rank(ring_group))
+        rows_of = [ring_rows // world + (r < ring_rows % world) for r in range(world)]
     heads, local_rows = q.shape[1], q.shape[0]
-    if local_rows != layout.local_total(rank) or k.shape[0] != local_rows or v.shape[0] != local_rows:
-        raise ValueError(f"fattn.{fn}: rank {rank}'s part of the batch is {layout.local_total(rank)} rows "
+    if local_rows != rows_of[rank] or k.shape[0] != local_rows or v.shape[0] != local_rows:
+        raise ValueError(f"fattn.{fn}: rank {rank}'s part of the batch is {rows_of[rank]} rows "
                          f"(fattn.varlen_shard_layout); got q, k, v of {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
     kv_heads_of_ranks(heads, k.shape[1], world)
     check_sinks(f"fattn.{fn}", sinks, q, heads)
-    check_alibi_slopes(f"fattn.{fn}", alibi_slopes, q, layout.docs, heads)
+    check_alibi_slopes(f"fattn.{fn}", alibi_slopes, q, len(cu) - 1, heads)
     k, v = _kv_for_exchange(k, v, heads, world)
-    rows_of = [layout.local_total(r) for r in range(world)]
-    order = torch.tensor([row for r in range(world) for row in layout.rows(r)], dtype=torch.int64,
-                         device=q.device)
-    to_sequence = torch.argsort(order)
-    q_h, k_h, v_h = (_to_head_shards(t, world, group, local_rows, rows_of).index_select(0, to_sequence)
-                     for t in (q, k, v))
-    cu_tensor = torch.tensor(cu, dtype=torch.int32, device=q.device)
-    longest = max((b - a for a, b in zip(cu, cu[1:])), default=0) if max_seqlen is None else max_seqlen
-    out, lse = flash_attn_varlen_func(q_h, k_h, v_h, cu_tensor, cu_tensor, longest, longest, 0.0, softmax_scale,
-                                      causal, window_size, softcap, _head_slice(alibi_slopes, rank, world, heads),
-                                      deterministic, return_lse=True, sinks=_head_slice(sinks, rank, world, heads))
-    out = _to_sequence_shards(out.index_select(0, order), world, group, local_rows, rows_of)
+    # The gathered rows are the shards in rank order: the batch (reordered) or the ring shard (as is).
+    order = None if ring_group is not None else torch.tensor(
+        [row for r in range(world) for row in layout.rows(r)], dtype=torch.int64, device=q.device)
+    to_sequence = None if order is None else torch.argsort(order)
+    q_h, k_h, v_h = (_take(_to_head_shards(t, world, group, local_rows, rows_of), to_sequence) for t in (q, k, v))
+    mine = dict(softcap=softcap, sinks=_head_slice(sinks, rank, world, heads),
+                alibi_slopes=_head_slice(alibi_slopes, rank, world, heads))
+    if ring_group is None:
+        cu_tensor = torch.tensor(cu, dtype=torch.int32, device=q.device)
+        longest = max((b - a for a, b in zip(cu, cu[1:])), default=0) if max_seqlen is None else max_seqlen
+        out, lse = flash_attn_varlen_func(q_h, k_h, v_h, cu_tensor, cu_tensor, longest, longest, 0.0, softmax_scale,
+                                          causal, window_size, deterministic=deterministic, return_lse=True, **mine)
+    else:
+        out, lse = ring_flash_attn_varlen_func(q_h, k_h, v_h, cu_seqlens, None, ring_group, causal, softmax_scale,
+                                               window_size, deterministic, True, **mine)
+    out = _to_sequence_shards(_take(out, order), world, group, local_rows, rows_of)
     if not return_lse:
         return out
-    lse = lse.transpose(0, 1).index_select(0, order).unsqueeze(-1)  # [rows, heads / world, 1]
+    lse = _take(lse.transpose(0, 1), order).unsqueeze(-1)  # [rows, heads / world, 1]
     lse = _to_sequence_shards(lse, world, group, local_rows, rows_of).squeeze(-1).transpose(0, 1)
     return out, lse

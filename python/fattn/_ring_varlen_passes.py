@@ -1,5 +1,5 @@
-"""The packed ring's forward and backward passes over its plan (python/fattn/_ring_varlen_plan.py)
-and the autograd function that joins them. The dense ring's design (python/fattn/_ring_passes.py)
+"""The packed ring's forward and backward passes over its plan (python/fattn/_ring_varlen_plan.py);
+python/fattn/_ring_varlen_op.py makes them ops and joins them for autograd. The dense ring's design (python/fattn/_ring_passes.py)
 on packed rows: each step's partial (out, lse) merges into an accumulator; K/V blocks travel
 with only the rows the ranks ahead use; the backward's dK/dV accumulators travel with their
 blocks and go straight home after the last hop; every gradient is computed against the global
@@ -136,10 +136,9 @@ def _post_hops(ring: Ring, plan: VarlenPlan, step, forward: Travelling, backward
     posted = []
     for direction, hops, block in ((1, plan.behind, forward), (-1, plan.ahead, backward)):
         if step < hops:
-            held_here = plan.held((ring.rank - direction * step) % ring.world, direction, step)
-            assert held_here == block.held
-            coming = plan.held((ring.rank - direction * (step + 1)) % ring.world, direction, step + 1)
+            # The block held now came from rank - direction * step; the one coming, from one further.
             sent = block.rows(plan.held((ring.rank - direction * step) % ring.world, direction, step + 1))
+            coming = plan.held((ring.rank - direction * (step + 1)) % ring.world, direction, step + 1)
             shapes = [(coming.size, *t.shape[1:]) for t in sent]
             posted.append((ring.exchange(sent, direction, shapes), coming))
         else:

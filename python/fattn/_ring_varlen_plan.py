@@ -162,8 +162,9 @@ class Call:
 
 def _calls(pairs: list[Pair], held: RowSet, alibi: bool) -> list[Call]:
     if alibi:
-        return [Call(p.window_left, p.window_right, p.q_rows, held.local(p.kv_rows), [0, p.q_rows.stop - p.q_rows.start],
-                     [0, p.kv_rows.stop - p.kv_rows.start], p.doc, p.alibi_offset, (p.q_rows,)) for p in pairs]
+        return [Call(p.window_left, p.window_right, p.q_rows, held.local(p.kv_rows),
+                     [0, p.q_rows.stop - p.q_rows.start], [0, p.kv_rows.stop - p.kv_rows.start], p.doc,
+                     p.alibi_offset, (p.q_rows,)) for p in pairs]
     # One call per window and per layer of pairs whose rows do not overlap (a call's out holds
     # each row once; under a two-sided window a chunk can meet both chunks of a block alike).
     layers: dict[tuple[int, int], list[list[Pair]]] = {}

@@ -2,14 +2,10 @@
 the ring over packed documents, in gloo worlds of 1 to 5 processes, against float64
 single-process attention of the whole batch (out, lse and every gradient)."""
 
-import os
-import tempfile
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fattn
 from fattn._cp_sharding import packed_layout
@@ -19,6 +15,7 @@ from fattn._ring_varlen_plan import varlen_plan
 from fattn.reference import attention_reference
 from fattn.ring import shard
 from fattn.ulysses import kv_heads_of_ranks
+from helpers import spawn_gloo
 
 HEAD_DIM = 8
 # Odd lengths, an empty document, documents shorter than the world (1 and 2 rows), one long one.
@@ -386,53 +383,30 @@ def _check_compiled(rank, world):
         _check_close(f"compiled ring, batch {lengths}", got, ring(*local, torch.tensor(other)), world)
 
 
-CHECKS = {"every_variant": _check_every_variant, "fast": _check_fast, "compiled": _check_compiled,
-          "product": lambda rank, world: _check_product(rank, world, 2)}
+def _check_product_of_pairs(rank, world):
+    _check_product(rank, world, 2)
 
 
-def _worker(rank, world, init_file, check_name, errors_dir):
-    try:
-        torch.set_num_threads(1)  # one thread per rank: the ranks share few cores, and wait on each other
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        CHECKS[check_name](rank, world)
-        dist.barrier()
-    except BaseException:
-        with open(os.path.join(errors_dir, f"rank{rank}.txt"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _spawn(world, check_name):
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        try:
-            mp.spawn(_worker, args=(world, init_file, check_name, tmp), nprocs=world, join=True)
-        except Exception:
-            reports = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("rank")]
-            pytest.fail("\n".join(reports) or "a worker failed")
 
 
 # One spawn per world runs every check (a spawn costs seconds).
 def test_context_parallel_matches_single_process_attention():
     # World 3: the remainders of odd documents, a straddled KV group (6 heads over 2 KV heads).
-    _spawn(3, "fast")
+    spawn_gloo(3, _check_fast)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_context_parallel_every_variant(world):
-    _spawn(world, "every_variant")
+    spawn_gloo(world, _check_every_variant)
 
 
 @pytest.mark.slow
 def test_context_parallel_compiles_without_graph_breaks():
-    _spawn(2, "compiled")
+    spawn_gloo(2, _check_compiled)
 
 
 @pytest.mark.slow
 def test_ulysses_times_ring_matches_single_process_attention():
     # 4 ranks: all-to-all over pairs, the ring across them; 8 query heads, 2 KV heads.
-    _spawn(4, "product")
+    spawn_gloo(4, _check_product_of_pairs)

@@ -1,17 +1,13 @@
 """Ring attention on CPU: gloo worlds of 2, 3 and 4 processes against single-process attention."""
 
-import os
-import tempfile
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fattn
 from fattn.reference import attention_reference
-from helpers import designed_p2p_ops
+from helpers import designed_p2p_ops, spawn_gloo
 from fattn import _ring_exchange, _ring_passes, _ring_schedule
 from fattn._ring_schedule import blocks_at, plan
 from fattn.ring import ring_schedule, shard, simulate, unshard
@@ -161,43 +157,21 @@ def _check_traffic(rank, world):
         assert sent == want, f"rank {rank} window {window}: sent {sent} elements, want {want}"
 
 
-def _worker(rank, world, init_file, check_name, errors_dir):
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        {"ring": _check_rank, "bad_input": _check_bad_input, "traffic": _check_traffic}[check_name](rank, world)
-        dist.barrier()
-    except BaseException:
-        with open(os.path.join(errors_dir, f"rank{rank}.txt"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _spawn(world, check_name):
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        try:
-            mp.spawn(_worker, args=(world, init_file, check_name, tmp), nprocs=world, join=True)
-        except Exception:
-            reports = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("rank")]
-            pytest.fail("\n".join(reports) or "a worker failed")
 
 
 # 1: a rank that is its own neighbour sends nothing; 8: blocks travel both ways over several hops
 # (two-sided windows over contiguous shards, causal windows over zigzag ones).
 @pytest.mark.parametrize("world", [1, 2] + [pytest.param(w, marks=pytest.mark.slow) for w in (3, 4, 8)])
 def test_ring_matches_single_process_attention(world):
-    _spawn(world, "ring")
+    spawn_gloo(world, _check_rank)
 
 
 def test_each_hop_carries_the_rows_later_ranks_use():
-    _spawn(4, "traffic")
+    spawn_gloo(4, _check_traffic)
 
 
 def test_ring_bad_input_is_a_clear_error():
-    _spawn(2, "bad_input")
+    spawn_gloo(2, _check_bad_input)
 
 
 @pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])

@@ -9,7 +9,8 @@ library: the stable-ABI contract of a built libfattn.so, and the variants it hol
 compile: telling a recompile from a first compile under torch.compile;
 interpreter: running a kernel script under Triton's interpreter;
 profiled: which kernels a GPU call launched, with which grids and shared memory;
-ring: the ring schedule's designed point-to-point traffic.
+ring: the ring schedule's designed point-to-point traffic;
+gloo: a check run on every rank of a CPU process group.
 """
 
 from .common import (
@@ -17,6 +18,7 @@ from .common import (
     expected_lse_dtype, grads_of, loss_gradients, make_qkv, poison_allocator, requires_gpu,
 )
 from .compile import recompiles_forbidden
+from .gloo import spawn_gloo
 from .interpreter import run_interpreted
 from .ring import designed_p2p_ops
 from .kvcache import (

@@ -59,11 +59,6 @@ void check_window(const char* op, int64_t window_left, int64_t window_right) {
   if (window_right < -1) fail(op, "window_right is ", window_right, "; expected -1 (unbounded) or >= 0");
 }
 
-ScoreScales score_scales(double scale, double softcap) {
-  if (softcap > 0) return {scale / softcap, softcap * M_LOG2E};
-  return {scale * M_LOG2E, 0.0};
-}
-
 AttentionVariant check_attention_variant(const char* op, const AttentionShape& s, const Tensor& q, bool causal,
                                          int64_t window_left, int64_t window_right, double softcap,
                                          const std::optional<Tensor>& alibi_slopes,
@@ -141,17 +136,12 @@ ScoreModChoice forward_score_mods(const AttentionVariant& variant) {
 }
 
 ScoreModChoice backward_score_mods(const AttentionVariant& variant, bool bias_grad, int64_t seqlen_k) {
-  const kernels::score_mod::Value general = variant.score_mod();
-  if (general == kernels::score_mod::kSoftcapAlibi && variant.softcap <= 0) {
-    return {kernels::score_mod::kAlibiOnly, general};
+  ScoreModChoice choice = forward_score_mods(variant);
+  if (choice.best == kernels::score_mod::kBiasTma && (variant.softcap > 0 || (bias_grad && seqlen_k % 4 != 0))) {
+    choice.best = choice.general;
   }
-  if (general == kernels::score_mod::kBiasDropout && variant.softcap <= 0 && bias_rows_for_tma(variant.bias) &&
-      (!bias_grad || seqlen_k % 4 == 0)) {
-    return {kernels::score_mod::kBiasTma, general};
-  }
-  return {general, general};
+  return choice;
 }
-
 
 double ScoreMod::score(double scaled_dot, int64_t i, int64_t j, int64_t alibi_diagonal) const {
   double score = softcap > 0 ? softcap * std::tanh(scaled_dot / softcap) : scaled_dot;

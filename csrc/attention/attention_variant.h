@@ -82,12 +82,6 @@ void add_bias_and_dropout(const char* op, AttentionVariant& variant, const Atten
                           const std::optional<Tensor>& bias, double dropout_p,
                           const std::optional<Tensor>& dropout_seed);
 
-// The (qk_scale, softcap_log2) pair alone, for every kernel family that takes a softcap.
-struct ScoreScales {
-  double qk_scale, softcap_log2;
-};
-ScoreScales score_scales(double softmax_scale, double softcap);
-
 // softcap: finite and >= 0 (0 disables it).
 void check_softcap(const char* op, double softcap);
 // window_left, window_right: -1 (unbounded) or >= 0, for every op that takes a window.

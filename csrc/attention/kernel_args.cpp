@@ -2,6 +2,8 @@
 
 #include <torch/csrc/stable/ops.h>
 
+#include <cmath>
+
 #include "attention/bias.h"
 #include "common/kernel_choice.h"
 
@@ -43,8 +45,10 @@ kernels::SegmentsArgs segments_args(LaunchScope& scope, const char* op, const At
 }
 
 kernels::ScoresArgs scores_args(double softmax_scale, double softcap) {
-  const ScoreScales scales = score_scales(softmax_scale, softcap);
-  return {.qk_scale = scales.qk_scale, .softcap_log2 = scales.softcap_log2};
+  // The kernels' softmax runs in exp2: with a softcap, softcap_log2 * tanh(q.k * qk_scale); else
+  // q.k * qk_scale, log2(e) folded into the scale.
+  if (softcap > 0) return {.qk_scale = softmax_scale / softcap, .softcap_log2 = softcap * M_LOG2E};
+  return {.qk_scale = softmax_scale * M_LOG2E, .softcap_log2 = 0.0};
 }
 
 kernels::SinksArgs sinks_args(LaunchScope& scope, const std::optional<Tensor>& sinks) {

@@ -16,7 +16,11 @@ DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.floa
 
 def check_agreement(fn: str, group, q, meta: list[int], names: tuple[str, ...]) -> None:
     """One small all-gather tells every rank what the others hold (`meta`, ints named by
-    `names`): unequal shards or mismatched dtypes would otherwise hang or corrupt the ring."""
+    `names`): unequal shards or mismatched dtypes would otherwise hang or corrupt the ring. Skipped
+    while a CUDA graph is captured: the check reads its result on the host, and the warm-up call
+    that a capture needs checked the same shapes."""
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
     mine = torch.tensor(meta, dtype=torch.int64, device=q.device if dist.get_backend(group) == "nccl" else "cpu")
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)

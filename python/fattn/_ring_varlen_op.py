@@ -30,11 +30,7 @@ def group_name(group) -> str:
 
 def _agreement(group, q, k, cu: tuple[int, ...]) -> None:
     """One small all-gather tells every rank what the others hold: different batches or dtypes
-    would otherwise hang or corrupt the ring. The forward asks on every call but while a CUDA
-    graph is captured (the check reads its result on the host; the warm-up call before the
-    capture checked the same batch)."""
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
+    would otherwise hang or corrupt the ring (not while a CUDA graph is captured: check_agreement)."""
     checksum = sum((i + 1) * x for i, x in enumerate(cu)) % (2**61 - 1)
     check_agreement(FN, group, q, [len(cu), cu[-1], checksum, DTYPE_CODES.get(q.dtype, 0), q.shape[1], k.shape[1],
                                    q.shape[2]],

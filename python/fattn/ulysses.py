@@ -15,6 +15,7 @@ functional all_to_all_single_autograd, which the compiler traces as a collective
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -94,13 +95,29 @@ def _to_sequence_shards(y: torch.Tensor, world: int, group, local_rows: int, in_
     return x.reshape(*x.shape[:-3], x.shape[-3] * x.shape[-2], x.shape[-1])
 
 
+def _constant(kind: str, *args, device: torch.device) -> torch.Tensor:
+    """The index (int64) or offsets (int32) tensor of `kind` for `args`, made once per device and
+    never written: a call that a CUDA graph captures finds it made (a host-to-device copy cannot
+    be captured), and the next step reuses it. Traced, a constant of the graph."""
+    if torch.compiler.is_compiling():
+        return _make(kind, args, device)
+    return _made(kind, args, device)
+
+
+def _make(kind: str, args: tuple, device: torch.device) -> torch.Tensor:
+    return torch.tensor(_VALUES[kind](*args), dtype=torch.int32 if kind == "offsets" else torch.int64, device=device)
+
+
+_made = functools.lru_cache(maxsize=32)(_make)
+
+
 def _kv_for_exchange(k, v, heads, world):
     """k and v with their KV heads in the order the ranks receive them (replicated where ranks
     share one)."""
     wanted = [h for rank in kv_heads_of_ranks(heads, k.shape[-2], world) for h in rank]
     if wanted == list(range(k.shape[-2])):
         return k, v
-    index = torch.tensor(wanted, dtype=torch.int64, device=k.device)
+    index = _constant("kv heads", tuple(wanted), device=k.device)
     return k.index_select(-2, index), v.index_select(-2, index)
 
 
@@ -153,7 +170,7 @@ def ulysses_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=Non
     # Sequence-major, so that the exchange splits and joins along dim 0.
     q_h, k_h, v_h = (_to_head_shards(t.transpose(0, 1), world, group, local_len, None) for t in (q, k, v))
     # The gathered rows are the shards in rank order: the sequence (reordered) or the ring shard (as is).
-    order = None if ring_group is not None else torch.tensor(_dense_rows(world, local_len, sharding), device=q.device)
+    order = None if ring_group is not None else _constant("dense rows", world, local_len, sharding, device=q.device)
     to_sequence = None if order is None else torch.argsort(order)
     q_h, k_h, v_h = (_take(t, to_sequence).transpose(0, 1) for t in (q_h, k_h, v_h))
     mine = dict(softcap=softcap, sinks=_head_slice(sinks, rank, world, heads),
@@ -172,6 +189,12 @@ def ulysses_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=Non
     lse = _take(lse.permute(2, 0, 1), order).unsqueeze(-1)
     lse = _to_sequence_shards(lse, world, group, local_len, None).squeeze(-1).permute(1, 2, 0)
     return out, lse
+
+
+def _packed_rows(cu: tuple[int, ...], world: int) -> list[int]:
+    """The batch row of each row of the packed shards of every rank, one after another."""
+    layout = packed_layout(cu, world)
+    return [row for r in range(world) for row in layout.rows(r)]
 
 
 def _dense_rows(world: int, local_len: int, sharding: str) -> list[int]:
@@ -215,14 +238,13 @@ def ulysses_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=N
     check_alibi_slopes(f"fattn.{fn}", alibi_slopes, q, len(cu) - 1, heads)
     k, v = _kv_for_exchange(k, v, heads, world)
     # The gathered rows are the shards in rank order: the batch (reordered) or the ring shard (as is).
-    order = None if ring_group is not None else torch.tensor(
-        [row for r in range(world) for row in layout.rows(r)], dtype=torch.int64, device=q.device)
+    order = None if ring_group is not None else _constant("packed rows", cu, world, device=q.device)
     to_sequence = None if order is None else torch.argsort(order)
     q_h, k_h, v_h = (_take(_to_head_shards(t, world, group, local_rows, rows_of), to_sequence) for t in (q, k, v))
     mine = dict(softcap=softcap, sinks=_head_slice(sinks, rank, world, heads),
                 alibi_slopes=_head_slice(alibi_slopes, rank, world, heads))
     if ring_group is None:
-        cu_tensor = torch.tensor(cu, dtype=torch.int32, device=q.device)
+        cu_tensor = _constant("offsets", cu, device=q.device)
         longest = max((b - a for a, b in zip(cu, cu[1:])), default=0) if max_seqlen is None else max_seqlen
         out, lse = flash_attn_varlen_func(q_h, k_h, v_h, cu_tensor, cu_tensor, longest, longest, 0.0, softmax_scale,
                                           causal, window_size, deterministic=deterministic, return_lse=True, **mine)
@@ -235,3 +257,6 @@ def ulysses_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=N
     lse = _take(lse.transpose(0, 1), order).unsqueeze(-1)  # [rows, heads / world, 1]
     lse = _to_sequence_shards(lse, world, group, local_rows, rows_of).squeeze(-1).transpose(0, 1)
     return out, lse
+
+
+_VALUES = {"kv heads": list, "dense rows": _dense_rows, "packed rows": _packed_rows, "offsets": list}

@@ -278,6 +278,21 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
     assert all(r["efficiency_vs_single_gpu"] > 0 for r in rows if r["impl"] == "fattn_ring")
 
 
+def test_bench_context_parallel_times_the_ring_and_the_all_to_all_under_gloo(tmp_path):
+    # Two CPU processes (gloo) in --quick mode: the rows a multi-GPU run will write, each scheme's
+    # efficiency against one GPU's share of the same packed batch.
+    out = tmp_path / "cp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           str(ROOT / "benchmarks" / "bench_context_parallel.py"), "--device", "cpu", "--quick", "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["fattn_single_gpu", "fattn_ring_varlen", "fattn_ulysses_varlen"]
+    assert all(r["ms"] and not r["error"] and sum(r["documents"]) == 2 * 64 for r in rows), rows
+    for r in rows[1:]:
+        assert r["efficiency_vs_single_gpu"] == pytest.approx(rows[0]["ms"] / (2 * r["ms"]))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs where there is no GPU (it checks the refusal there)")
 def test_kernel_times_refuses_a_machine_without_cuda():
     # It profiles CUDA kernels; without a GPU it stops with that reason, after importing the

@@ -51,7 +51,8 @@ import fattn  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 ATOL, RTOL_L2 = 2e-2, 2e-2  # max |out - ref|, and ||out - ref|| / ||ref|| for long contexts' tiny values
-DEFAULT_CASES = {1: ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k"], 8: ["8k", "16k", "32k", "64k"], 32: ["4k"]}
+DEFAULT_CASES = {1: ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k"], 8: ["8k", "16k", "32k", "64k"], 32: ["4k"],
+                 64: ["2k"]}
 QUICK_CASES = {1: ["100", "256"], 3: ["1000"]}
 KV_DTYPES = {"bf16": None, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_BAR = 0.55  # FP8-cache time per step / bf16-cache time per step, at the bar's shapes
@@ -77,7 +78,7 @@ def plan_case(batch, context, args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", default=None, help="comma list of batch sizes (default 1,8,32, each with its contexts)")
+    p.add_argument("--batch", default=None, help="comma list of batch sizes (default 1,8,32,64, each with its contexts)")
     p.add_argument("--contexts", default=None, help="contexts for every chosen batch, e.g. 4k,64k (default: "
                    + "; ".join(f"b{b}: {','.join(c)}" for b, c in DEFAULT_CASES.items()) + ")")
     p.add_argument("--page-size", type=int, default=256, help="tokens per page of the paged cache (multiple of 16)")

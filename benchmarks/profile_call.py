@@ -3,8 +3,9 @@
 attention: attention at bf16 with bench_attention.py's shapes (16k tokens per step: batch
 16384 // seqlen; hidden 2048: 2048 // head_dim heads), run twice (the first call loads modules
 and warms up; profile the second). Modes: fwd_fattn, fwd_cudnn (SDPA's cuDNN backend),
-bwd_fattn, bwd_cudnn (forward then backward), fwd_fattn_fp8 (the same q, k, v quantized to e4m3
-by fattn.quantize_fp8, one descale per sequence and head).
+bwd_fattn, bwd_cudnn (forward then backward), fwd_fa4, bwd_fa4 (FlashAttention-4, where
+installed: common.fa4_peer), fwd_fattn_fp8 (the same q, k, v quantized to e4m3 by
+fattn.quantize_fp8, one descale per sequence and head).
 
     ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
         --section Occupancy --section LaunchStats -k regex:attn_fwd -s 1 -c 1 \\
@@ -41,8 +42,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 import fattn
+from common import fa4_peer
 
-ATTENTION_MODES = ["fwd_fattn", "fwd_cudnn", "bwd_fattn", "bwd_cudnn", "fwd_fattn_fp8"]
+ATTENTION_MODES = ["fwd_fattn", "fwd_cudnn", "fwd_fa4", "bwd_fattn", "bwd_cudnn", "bwd_fa4", "fwd_fattn_fp8"]
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
@@ -60,6 +62,8 @@ def attention(args):
             out = fattn.flash_attn_func(q, k, v, causal=args.causal, **descales)
         elif args.mode.endswith("fattn"):
             out = fattn.flash_attn_func(q, k, v, causal=args.causal)
+        elif args.mode.endswith("fa4"):
+            out = fa4_peer("cuda")(q, k, v, causal=args.causal)
         else:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)

@@ -245,7 +245,8 @@ def ulysses_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=N
                 alibi_slopes=_head_slice(alibi_slopes, rank, world, heads))
     if ring_group is None:
         cu_tensor = _constant("offsets", cu, device=q.device)
-        longest = max((b - a for a, b in zip(cu, cu[1:])), default=0) if max_seqlen is None else max_seqlen
+        # A list, not max(..., default=): torch.compile (torch 2.11) cannot trace the keyword
+        longest = max([b - a for a, b in zip(cu, cu[1:])] or [0]) if max_seqlen is None else max_seqlen
         out, lse = flash_attn_varlen_func(q_h, k_h, v_h, cu_tensor, cu_tensor, longest, longest, 0.0, softmax_scale,
                                           causal, window_size, deterministic=deterministic, return_lse=True, **mine)
     else:

@@ -29,33 +29,42 @@ using kernels::attn_decode_split;
 using kernels::kv_append;
 using kernels::rotate_queries;
 constexpr const char* kOp = "fattn.decode";
-// The automatic split count, from the H100 sweeps of benchmarks/bench_decode.py (docs/notes/):
-// as many splits as keep every program in the first wave, one program per SM. A second,
-// partial wave costs more than it adds: 17 splits x 8 KV heads on 132 SMs ran 20 % slower
-// than 16. Chunks never shrink below kMinTilesPerSplit key tiles.
+// The automatic split count: two programs per SM where its shared memory holds two (one
+// otherwise), rounded down to a power of two. In the H200 sweep of benchmarks/bench_decode.py
+// --num-splits (batch 1 to 32, 8k to 128k keys, GQA 32/8, d128; docs/notes/decode.md D14) the
+// fastest count gave 256 programs on 132 SMs at every batch (32 splits at batch 1, 4 at batch 8)
+// and ran 1.05-1.20x the one-program-per-SM rule before it; 24 and 48 splits ran slower than
+// their power-of-two neighbours. Chunks never shrink below kMinTilesPerSplit key tiles.
+constexpr int64_t kProgramsPerSm = 2;
 constexpr int64_t kMinTilesPerSplit = 2;
 constexpr int64_t kMaxAutoSplits = 64;
 
-int64_t auto_num_splits(int64_t programs, int64_t capacity, int64_t block_n, int device) {
-  const int64_t sms = cuda::multiprocessor_count(device);
+// Programs of the split kernel an SM holds at once (1 KB of shared memory reserved per program):
+// its shared memory binds before its warps or registers do.
+int64_t resident_programs(const runtime::KernelEntry& split, int device) {
+  return std::max<int64_t>(1, cuda::shared_memory_per_multiprocessor(device) / (split.shared_bytes + 1024));
+}
+
+int64_t auto_num_splits(int64_t programs, int64_t capacity, const runtime::KernelEntry& split, int device) {
+  const int64_t block_n = split.constants[attn_decode_split::BLOCK_N].value;
+  const int64_t per_sm = std::min(kProgramsPerSm, resident_programs(split, device));
+  const int64_t wanted = std::max<int64_t>(1, cuda::multiprocessor_count(device) * per_sm / programs);
+  int64_t splits = 1;
+  while (splits * 2 <= wanted) splits *= 2;
   const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
-  return std::clamp<int64_t>(std::min(sms / programs, shortest), 1, kMaxAutoSplits);
+  return std::clamp<int64_t>(std::min(splits, shortest), 1, kMaxAutoSplits);
 }
 
 // FP8 caches: the split kernel converts every K and V value, and one program per SM leaves the
 // loads short of the bandwidth. In the H200 sweep of tuning/tune_decode.py --kv-dtype e4m3
 // (docs/notes/decode.md D13) the fastest counts filled every SM with as many programs as its shared memory
 // holds, in whole waves, with chunks of about kFp8KeysPerSplit keys: 32 splits at batch 1 / 128k
-// (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (where the rule above gives 2).
+// (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (where the bf16 rule gives 4).
 constexpr int64_t kFp8KeysPerSplit = 4096;
 
 int64_t fp8_num_splits(int64_t programs, int64_t capacity, const runtime::KernelEntry& split, int device) {
   const int64_t block_n = split.constants[attn_decode_split::BLOCK_N].value;
-  // Programs per SM as its shared memory allows (1 KB of it reserved per program): the FP8 tiles'
-  // shared memory binds before their warps or registers do.
-  const int64_t resident =
-      std::max<int64_t>(1, cuda::shared_memory_per_multiprocessor(device) / (split.shared_bytes + 1024));
-  const int64_t slots = cuda::multiprocessor_count(device) * resident;
+  const int64_t slots = cuda::multiprocessor_count(device) * resident_programs(split, device);
   const int64_t wanted = std::max<int64_t>(1, capacity / kFp8KeysPerSplit);
   const int64_t waves = (wanted * programs + slots - 1) / slots;
   const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
@@ -181,8 +190,7 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   const int64_t programs = std::max<int64_t>(1, s.batch * s.kv_heads * row_tiles);  // batch 0 returns below
   const int64_t splits = num_splits > 0 ? num_splits
                          : fp8 != 0     ? fp8_num_splits(programs, s.capacity, *split.target.entry, device)
-                                        : auto_num_splits(programs, s.capacity,
-                                                          split.constant(attn_decode_split::BLOCK_N), device);
+                                        : auto_num_splits(programs, s.capacity, *split.target.entry, device);
   const runtime::Grid split_grid{dim(splits), dim(s.kv_heads * row_tiles), dim(s.batch)};
   const runtime::Grid merge_grid{dim(s.seqlen_q), dim(s.heads), dim(s.batch)};
   const runtime::Grid append_grid{dim(s.seqlen_new), dim(s.kv_heads), dim(s.batch)};

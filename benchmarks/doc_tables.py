@@ -3,12 +3,13 @@ from the numbers.
 
     python benchmarks/doc_tables.py           # rewrites the marked tables in README.md and docs/performance.md
     python benchmarks/doc_tables.py --check   # exits 1 if a marked table differs from what the JSON gives
-    python benchmarks/doc_tables.py --plot    # also draws benchmarks/results/peers_h200/forward_backward.png
+    python benchmarks/doc_tables.py --plot    # also redraws each run's plot beside it (benchmarks/plot.py)
 
 A marked table sits between `<!-- table: NAME -->` and `<!-- end of table -->`; NAME picks the
-generator below. The peers JSON holds one run of fattn and its peers on the same inputs (rows of
-`<impl>_fwd` / `<impl>_bwd` TFLOP/s for prefill, GB/s of K and V read for decode); a ratio is the
-peer's time over fattn's (above 1: fattn is faster).
+generator below. The runs are benchmarks/results/peers_h200/{forward,backward,decode,fp8,variants}.json,
+each one run of the benchmark CLI in benchmarks/common.py's schema: fattn's rows carry ratio =
+peer's ms / fattn's ms per peer (above 1: fattn is faster); FP8 rows carry it against bf16 fattn
+("fattn_bf16").
 """
 
 from __future__ import annotations
@@ -20,104 +21,138 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS = ROOT / "benchmarks" / "results" / "peers_h200" / "fattn_0.3.0_2026-11-28.json"
+RUNS = ROOT / "benchmarks" / "results" / "peers_h200"
+NAMES = ("forward", "backward", "decode", "fp8", "variants")
 DOCS = [ROOT / "README.md", ROOT / "docs" / "performance.md"]
 PEER_NAMES = {"sdpa_cudnn": "cuDNN", "fa4": "FA4", "sdpa_flash": "FA2 (SDPA)", "flex": "Flex"}
 MARK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end of table -->)", re.S)
 
 
-def _ratio(fattn, peer):
-    return "-" if not peer or not fattn else f"{fattn / peer:.2f}"  # time ratio = throughput ratio
+def load() -> dict:
+    return {name: json.loads((RUNS / f"{name}.json").read_text()) for name in NAMES}
 
 
-def _case(row):
-    case = f"d{row['d']} {row['s'] // 1024}k"
-    if row["hq"] != row["hk"]:
-        case += f" GQA {row['hq']}/{row['hk']}"
-    if row.get("window"):
-        case += f" window {row['window'][0] + 1}"
-    if row.get("softcap"):
-        case += f" softcap {row['softcap']:g}"
-    return case + (" causal" if row["causal"] else "")
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
-def peers_table(data) -> str:
-    """Prefill rows: fattn's TFLOP/s and its ratio to each peer, forward then backward."""
-    head = ["case", "pass", "fattn TFLOP/s"] + [f"vs {n}" for n in PEER_NAMES.values()]
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def caption(runs, *names) -> str:
+    run = runs[names[0]]
+    files = ", ".join(f"`{(RUNS / f'{n}.json').relative_to(ROOT)}`" for n in names)
+    return (f"{run['device']['name']}, torch {run['versions']['torch']}, fattn kernels by Triton "
+            f"{run['versions'].get('fattn_kernels_triton', '?')}, bf16; one run each: {files}.\n\n")
+
+
+def peers_table(runs) -> str:
+    """Training rows: fattn's TFLOP/s and its ratio to each peer, forward then backward, and the
+    ratio to the faster of cuDNN and FA4 (the bar: at least 1)."""
+    head = ["case", "pass", "fattn TFLOP/s"] + [f"vs {n}" for n in PEER_NAMES.values()] + ["vs best of cuDNN, FA4"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in (r for r in data["rows"] if r["kind"] == "prefill"):
-        for direction, label in (("fwd", "forward"), ("bwd", "backward")):
-            fattn = row.get(f"fattn_{direction}")
-            if not fattn:
+    by_pass = {p: {(r["head_dim"], r["seqlen"], r["causal"]): r for r in runs[p]["rows"] if r["impl"] == "fattn"}
+               for p in ("forward", "backward")}
+    for key in sorted(by_pass["forward"], key=lambda k: (k[0], k[1], k[2])):
+        for p in ("forward", "backward"):
+            row = by_pass[p].get(key)
+            if row is None or not row["ms"]:
                 continue
-            ratios = [_ratio(fattn, row.get(f"{peer}_{direction}")) for peer in PEER_NAMES]
-            lines.append(f"| {_case(row)} | {label} | {fattn:.0f} | " + " | ".join(ratios) + " |")
+            d, s, causal = key
+            ratios = [row["ratio"].get(peer) for peer in PEER_NAMES]
+            bars = [row["ratio"][peer] for peer in ("sdpa_cudnn", "fa4") if peer in row["ratio"]]
+            lines.append(f"| d{d} {_k(s)}{' causal' if causal else ''} | {p} | {row['tflops']:.0f} | "
+                         + " | ".join(map(_ratio, ratios)) + f" | {_ratio(min(bars) if bars else None)} |")
     return "\n".join(lines) + "\n"
 
 
-def decode_table(data) -> str:
-    """Decode rows (one query token): GB/s of K and V read, fattn's ratio to cuDNN and FA2."""
-    lines = ["| batch x context | fattn GB/s | vs cuDNN | vs FA2 (SDPA) |", "|---|---|---|---|"]
-    for row in (r for r in data["rows"] if r["kind"] == "decode"):
-        lines.append(f"| {row['b']} x {row['L'] // 1024}k | {row['fattn']:.0f} | "
-                     f"{_ratio(row['fattn'], row.get('sdpa_cudnn'))} | {_ratio(row['fattn'], row.get('sdpa_flash'))} |")
+def variants_table(runs) -> str:
+    """The variants against the peers that compute them: fattn's TFLOP/s, its time over its
+    plain run's, and its ratio to FA4 and Flex (window rows at 16k, the others at 8k)."""
+    lines = ["| variant | pass | fattn TFLOP/s | time vs plain | vs FA4 | vs Flex |", "|---|---|---|---|---|---|"]
+    for row in runs["variants"]["rows"]:
+        if row["impl"] != "fattn" or not row["ms"] or row["study"] not in ("window", "score_mod"):
+            continue
+        if not ({"fa4", "flex"} & set(row["ratio"])) or row.get("mod") == "plain":
+            continue
+        if row["study"] == "window":
+            what = f"{_k(row['seqlen'])} causal, " + ("no window" if row["window_left"] < 0 else
+                                                      f"window {row['window_left']}")
+            plain = None
+        else:
+            what = f"{_k(row['seqlen'])} {row['mod']}{' causal' if row['causal'] else ''}"
+            plain = next((r for r in runs["variants"]["rows"] if r["study"] == "score_mod" and r["impl"] == "fattn"
+                          and r.get("mod") == "plain" and r["pass"] == row["pass"] and r["causal"] == row["causal"]),
+                         None)
+        vs_plain = _ratio(row["ms"] / plain["ms"]) if plain and plain["ms"] else "-"
+        lines.append(f"| {what} | {row['pass']} | {row['tflops']:.0f} | {vs_plain} | "
+                     f"{_ratio(row['ratio'].get('fa4'))} | {_ratio(row['ratio'].get('flex'))} |")
     return "\n".join(lines) + "\n"
 
 
-def caption(data) -> str:
-    return f"{data['device']}, torch {data['torch']}, bf16; one run, `{PEERS.relative_to(ROOT)}`.\n\n"
+def decode_table(runs) -> str:
+    """Decode (one query token): GB/s of K and V read, contiguous and paged caches, against cuDNN and FA2."""
+    lines = ["| batch x context | fattn GB/s | vs cuDNN | vs FA2 (SDPA) | paged GB/s | paged vs cuDNN |",
+             "|---|---|---|---|---|---|"]
+    rows = runs["decode"]["rows"]
+    for row in (r for r in rows if r["impl"] == "fattn" and r.get("num_splits", 0) == 0 and r["ms"]):
+        paged = next((r for r in rows if r["impl"] == "fattn_paged" and r["batch"] == row["batch"]
+                      and r["context"] == row["context"] and r.get("num_splits", 0) == 0 and r["ms"]), None)
+        lines.append(f"| {row['batch']} x {_k(row['context'])} | {row['gb_s']:.0f} | "
+                     f"{_ratio(row['ratio'].get('sdpa_cudnn'))} | {_ratio(row['ratio'].get('sdpa_flash'))} | "
+                     + (f"{paged['gb_s']:.0f} | {_ratio(paged['ratio'].get('sdpa_cudnn'))} |" if paged else "- | - |"))
+    return "\n".join(lines) + "\n"
 
 
-TABLES = {"peers-h200": lambda d: caption(d) + peers_table(d), "decode-h200": lambda d: caption(d) + decode_table(d)}
+def fp8_table(runs) -> str:
+    """The FP8 forward: TFLOP/s of e4m3 and e5m2 inputs and their speedup over bf16 fattn."""
+    lines = ["| case | bf16 TFLOP/s | e4m3 TFLOP/s | e4m3 / bf16 | e5m2 TFLOP/s | e5m2 / bf16 |",
+             "|---|---|---|---|---|---|"]
+    rows = runs["fp8"]["rows"]
+    for bf16 in (r for r in rows if r["impl"] == "fattn" and r["ms"]):
+        cells = []
+        for fmt in ("e4m3", "e5m2"):
+            fp8 = next((r for r in rows if r["impl"] == f"fattn-fp8-{fmt}" and r["ms"] and all(
+                r[k] == bf16[k] for k in ("head_dim", "seqlen", "causal"))), None)
+            cells += [f"{fp8['tflops']:.0f}", _ratio(fp8["ratio"].get("fattn_bf16"))] if fp8 else ["-", "-"]
+        lines.append(f"| d{bf16['head_dim']} {_k(bf16['seqlen'])}{' causal' if bf16['causal'] else ''} | "
+                     f"{bf16['tflops']:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
-def render(text: str, data) -> str:
-    return MARK.sub(lambda m: m.group(1) + TABLES[m.group("name")](data) + m.group(4), text)
+TABLES = {
+    "peers-h200": lambda r: caption(r, "forward", "backward") + peers_table(r),
+    "variants-h200": lambda r: caption(r, "variants") + variants_table(r),
+    "decode-h200": lambda r: caption(r, "decode") + decode_table(r),
+    "fp8-h200": lambda r: caption(r, "fp8") + fp8_table(r),
+}
 
 
-def plot(data, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in data["rows"] if r["kind"] == "prefill" and r["hq"] == r["hk"] and not r.get("window")
-            and not r.get("softcap") and r["d"] in (64, 128)]
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharex=True)
-    for col, (d, causal) in enumerate([(64, False), (64, True), (128, False), (128, True)]):
-        for line, direction in enumerate(("fwd", "bwd")):
-            ax = axes[line][col]
-            sel = sorted((r for r in rows if r["d"] == d and r["causal"] == causal), key=lambda r: r["s"])
-            for impl in ("fattn", *PEER_NAMES):
-                points = [(r["s"], r.get(f"{impl}_{direction}")) for r in sel if r.get(f"{impl}_{direction}")]
-                if points:
-                    ax.plot(*zip(*points), marker="o", linewidth=2.5 if impl == "fattn" else 1.2,
-                            label=PEER_NAMES.get(impl, impl))
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"d{d} {'causal' if causal else 'full'} {'forward' if direction == 'fwd' else 'backward'}")
-            ax.set_ylabel("TFLOP/s")
-    axes[0][0].legend()
-    fig.suptitle(f"{data['device']}, torch {data['torch']}, bf16, 16k tokens per step, heads = 2048 / head dim")
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
+def render(text: str, runs) -> str:
+    return MARK.sub(lambda m: m.group(1) + TABLES[m.group("name")](runs) + m.group(4), text)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a marked table differs")
-    parser.add_argument("--plot", action="store_true", help="also draw the peers plot")
+    parser.add_argument("--plot", action="store_true", help="also redraw each run's plot beside it")
     args = parser.parse_args(argv)
-    data = json.loads(PEERS.read_text())
+    runs = load()
     stale = []
     for doc in DOCS:
         text = doc.read_text()
-        new = render(text, data)
+        new = render(text, runs)
         if new != text:
             stale.append(doc.relative_to(ROOT))
             if not args.check:
                 doc.write_text(new)
     if args.plot:
-        plot(data, PEERS.with_name("forward_backward.png"))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from plot import plot
+
+        for name in NAMES:
+            plot(RUNS / f"{name}.json")
     if args.check and stale:
         print("stale tables in " + ", ".join(map(str, stale)) + ": run python benchmarks/doc_tables.py", file=sys.stderr)
         return 1

@@ -303,7 +303,7 @@ def test_kernel_times_refuses_a_machine_without_cuda():
     assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
+@pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab", "studies/forward_programs",
                                     "studies/backward_streams_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every

@@ -31,7 +31,7 @@ using kernels::rotate_queries;
 constexpr const char* kOp = "fattn.decode";
 // The automatic split count: two programs per SM where its shared memory holds two (one
 // otherwise), rounded down to a power of two. In the H200 sweep of benchmarks/bench_decode.py
-// --num-splits (batch 1 to 32, 8k to 128k keys, GQA 32/8, d128; docs/notes/decode.md D14) the
+// --num-splits (batch 1 to 32, 8k to 128k keys, GQA 32/8, d128; docs/notes/decode.md D15) the
 // fastest count gave 256 programs on 132 SMs at every batch (32 splits at batch 1, 4 at batch 8)
 // and ran 1.05-1.20x the one-program-per-SM rule before it; 24 and 48 splits ran slower than
 // their power-of-two neighbours. Chunks never shrink below kMinTilesPerSplit key tiles.

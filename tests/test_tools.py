@@ -473,3 +473,15 @@ def test_bench_variants_flex_peers_compute_what_fattn_computes():
             assert (out.double() - want.double()).abs().max().item() < 1e-5, (mod, causal)
             peers += 1
     assert peers == 14  # plain, softcap, alibi, both, window, segments, gqa; causal and not
+
+
+def test_mbarrier_sync_probe_reads_the_compilers_barriers():
+    # It compiles its Gluon kernels for sm_90 without a GPU and reports, per case, whether a
+    # bar.sync sits in the loop: an arrive alone never needs one (a probe that said so would be
+    # reading the PTX wrong); the wait-then-arrive cases say what this Triton does.
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "mbarrier_sync_probe.py")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    verdicts = [line for line in result.stdout.splitlines() if line.endswith(("bar.sync in the loop", "no bar.sync"))]
+    assert len(verdicts) == 4 and verdicts[0] == "arrive alone: no bar.sync", result.stdout
+    assert "mbarrier.try_wait" in result.stdout and "mbarrier.arrive" in result.stdout

@@ -180,8 +180,8 @@ def check_product(c):
 
 
 def _cases(c):
-    """(name, function of local q, k, v, local inputs) for compile and capture: the packed ring
-    and the packed all-to-all, causal with a window and sinks."""
+    """(name, function of local q, k, v, local inputs) for compile and capture: the dense and
+    packed rings and the packed all-to-all, causal with a window and sinks."""
     cu = cu_of(LENGTHS)
     total = cu[-1]
     cu_host = torch.tensor(cu, dtype=torch.int32)
@@ -189,7 +189,11 @@ def _cases(c):
     options = dict(causal=True, window_size=(300, -1), sinks=sinks, deterministic=True)
     packed = problem((total, HEADS, HEAD_DIM), (total, KV_HEADS, HEAD_DIM), (1,), 13)[:3]
     local = [fattn.shard_varlen(t, cu, c.world, c.rank) for t in packed]
-    return [("ring_flash_attn_varlen_func", lambda q, k, v: fattn.ring_flash_attn_varlen_func(
+    n = 384 * c.world
+    dense = problem((2, n, HEADS, HEAD_DIM), (2, n, KV_HEADS, HEAD_DIM), (1,), 14)[:3]
+    return [("ring_flash_attn_func", lambda q, k, v: fattn.ring_flash_attn_func(q, k, v, **options),
+             [shard(t, c.world, c.rank) for t in dense]),
+            ("ring_flash_attn_varlen_func", lambda q, k, v: fattn.ring_flash_attn_varlen_func(
                 q, k, v, cu_host, **options), local),
             # A list: the all-to-all reads the offsets on the host, so under torch.compile they
             # are constants of the graph (the ring's op takes them as a tensor input)

@@ -345,8 +345,8 @@ def _check_fast(rank, world):
 
 
 def _check_compiled(rank, world):
-    # The all-to-alls trace into one graph and the packed ring is one opaque op (fullgraph: a
-    # graph break raises), forward and backward; the compiled step gives the eager one's out and
+    # The all-to-alls trace into one graph and each ring is one opaque op (fullgraph: a graph
+    # break raises), forward and backward; the compiled step gives the eager one's out and
     # gradients, and a second batch (new offsets, in a tensor) reuses the ring's graph.
     heads, kv_heads = _heads(world)
     cu = _cu(DOC_LENGTHS)
@@ -358,6 +358,8 @@ def _check_compiled(rank, world):
         return fattn.ring_flash_attn_varlen_func(q, k, v, cu_seqlens, causal=True, window_size=(4, -1), sinks=sinks)
 
     cases = [(lambda q, k, v: fattn.ulysses_flash_attn_func(q, k, v, causal=True, window_size=(5, -1)),
+              [shard(t, world, rank) for t in dense], ()),
+             (lambda q, k, v: fattn.ring_flash_attn_func(q, k, v, causal=True, window_size=(5, -1), sinks=sinks),
               [shard(t, world, rank) for t in dense], ()),
              (lambda q, k, v: fattn.ulysses_flash_attn_varlen_func(q, k, v, cu, 13, causal=True),
               [fattn.shard_varlen(t, cu, world, rank) for t in packed], ()),

@@ -1,5 +1,5 @@
-"""Ring attention's forward and backward passes over the schedule (python/fattn/_ring_schedule.py)
-and the autograd function that joins them: each step's partial (out, lse) merges into an
+"""Ring attention's forward and backward passes over the schedule (python/fattn/_ring_schedule.py),
+which the custom ops of python/fattn/_ring_op.py run: each step's partial (out, lse) merges into an
 accumulator; the backward's dK/dV accumulators travel with their K/V blocks back to their owners."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from ._checks import lse_dtype
 from ._library import load_library
 from ._ring_exchange import Block, Ring, add_at, arrived, post_hops, received
 from ._ring_schedule import Piece, blocks_at, plan, ring_schedule, travel_spans
-from .attention import sinks_gradient
 from .merge import merge_attention_states
 
 load_library()
@@ -132,25 +131,3 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, ring: Ring, settings, determin
         if pending is not None:
             add_at(dk, dv, spans[direction, 1][0], *received(pending))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-class RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, group, settings, deterministic):
-        out, lse = _ring_forward(q, k, v, sinks, Ring(group), settings)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.settings = (group, settings, deterministic)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        group, settings, deterministic = ctx.settings
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = _ring_backward(dout.contiguous(), dlse, q, k, v, out, lse, Ring(group), settings,
-                                    deterministic)
-        # This rank's rows' share; sinks replicated over the ranks sum their shares as any
-        # replicated parameter does (data-parallel gradient reduction).
-        dsinks = sinks_gradient(sinks, dout, out, lse, dlse) if sinks is not None and ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dsinks, None, None, None

@@ -25,8 +25,9 @@ import torch.distributed as dist
 
 from ._arguments import real, window_pair
 from ._checks import check_alibi_slopes, check_sinks, check_softcap, lse_dtype
-from ._ring_exchange import DTYPE_CODES, Block, check_agreement
-from ._ring_passes import Accumulator, RingAttention, forward_step
+from ._ring_exchange import Block
+from ._ring_op import ring_forward
+from ._ring_passes import Accumulator, forward_step
 from ._ring_schedule import blocks_at, plan, ring_schedule
 from ._ring_sharding import SHARDINGS, check_sharding, check_world, shard, unshard
 from ._cp_sharding import offsets, shard_varlen, unshard_varlen, varlen_shard_layout
@@ -35,10 +36,11 @@ from ._ring_varlen_op import group_name, ring_varlen_forward
 __all__ = ["SHARDINGS", "ring_flash_attn_func", "ring_flash_attn_varlen_func", "ring_schedule", "shard",
            "shard_varlen", "simulate", "unshard", "unshard_varlen", "varlen_shard_layout"]
 
-def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_slopes):
+def _check_inputs(q, k, v, group, sharding, softcap, sinks, alibi_slopes):
+    """The checks a traced call can make; the ranks' agreement runs inside the op (_ring_op.py)."""
     check_sharding(sharding)
-    left, right = window_pair("ring_flash_attn_func", window_size)
-    check_softcap("fattn.ring_flash_attn_func", softcap)
+    if not torch.compiler.is_compiling():  # traced, it can be symbolic: the op checks it when it runs
+        check_softcap("fattn.ring_flash_attn_func", softcap)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"fattn.ring_flash_attn_func: {name} must be [batch, seqlen/world, heads, head_dim], "
@@ -53,9 +55,6 @@ def _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_s
         raise ValueError(f"fattn.ring_flash_attn_func: zigzag shards hold two equal chunks, so the local "
                          f"length must be even (the sequence divisible by 2 * world = {2 * world}); "
                          f"got {q.shape[1]}")
-    check_agreement("ring_flash_attn_func", group, q,
-                    [q.shape[1], DTYPE_CODES.get(q.dtype, 0), q.shape[0], q.shape[2], k.shape[2], q.shape[3]],
-                    ("shard length", "dtype", "batch", "heads", "kv heads", "head_dim"))
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
@@ -75,11 +74,14 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, 
     spans fewer ranks than the group shortens the ring (`ring_schedule`): K/V blocks travel only
     as far as some rank's queries see them, both ways when the window reaches ranks on both
     sides (zigzag shards, two-sided windows). Works with NCCL (one process per GPU, e.g. under
-    torchrun) and gloo (CPU tensors).
+    torchrun) and gloo (CPU tensors); torch.compile sees one call (python/fattn/_ring_op.py).
     """
-    _check_inputs(q, k, v, group, sharding, window_size, softcap, sinks, alibi_slopes)
-    settings = (causal, softmax_scale, sharding, tuple(window_size), float(softcap), alibi_slopes)
-    out, lse = RingAttention.apply(q, k, v, sinks, group, settings, deterministic)
+    fn = "ring_flash_attn_func"
+    left, right = window_pair(fn, window_size)
+    softcap = real(fn, "softcap", softcap)
+    _check_inputs(q, k, v, group, sharding, softcap, sinks, alibi_slopes)
+    out, lse = ring_forward(q, k, v, sinks, alibi_slopes, group_name(group), bool(causal), left, right,
+                            softmax_scale, softcap, sharding, bool(deterministic))
     return (out, lse) if return_lse else out
 
 

@@ -108,7 +108,9 @@ def _make(kind: str, args: tuple, device: torch.device) -> torch.Tensor:
     return torch.tensor(_VALUES[kind](*args), dtype=torch.int32 if kind == "offsets" else torch.int64, device=device)
 
 
-_made = functools.lru_cache(maxsize=32)(_make)
+# A few entries: enough for a captured step and the eager one beside it; packed batches change
+# every step in training, and each entry holds a row index of the whole batch on the device.
+_made = functools.lru_cache(maxsize=4)(_make)
 
 
 def _kv_for_exchange(k, v, heads, world):

@@ -108,9 +108,9 @@ def _make(kind: str, args: tuple, device: torch.device) -> torch.Tensor:
     return torch.tensor(_VALUES[kind](*args), dtype=torch.int32 if kind == "offsets" else torch.int64, device=device)
 
 
-# A few entries: enough for a captured step and the eager one beside it; packed batches change
+# A few entries: every constant of a captured step (three per call) and a few more; packed batches change
 # every step in training, and each entry holds a row index of the whole batch on the device.
-_made = functools.lru_cache(maxsize=4)(_make)
+_made = functools.lru_cache(maxsize=8)(_make)
 
 
 def _kv_for_exchange(k, v, heads, world):

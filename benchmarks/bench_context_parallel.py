@@ -136,6 +136,7 @@ def main(argv=None):
                      for r in results.rows],
                     title=f"context parallelism, {world} ranks x {args.tokens} rows, {len(lengths)} documents "
                           f"{lengths}, causal fwd+bwd; efficiency vs one GPU: " + "; ".join(summary))
+    dist.barrier()  # no rank tears its group down while another still uses it (rank 0 writes, prints)
     dist.destroy_process_group()
 
 

@@ -141,6 +141,7 @@ def main(argv=None):
                      for r in results.rows],
                     title=f"ring attention, {world} ranks x {n} tokens, causal fwd+bwd; ring efficiency vs one GPU: "
                           + ", ".join(summary))
+    dist.barrier()  # no rank tears its group down while another still uses it (rank 0 writes, prints)
     dist.destroy_process_group()
 
 

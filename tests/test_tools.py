@@ -267,7 +267,8 @@ def test_bench_ring_times_full_causal_and_a_window_under_gloo(tmp_path):
     # Two CPU processes (gloo) in --quick mode: the rows a multi-GPU run will write, with the ring's
     # hops per window (contiguous shards by default for a window, as the ring wants them).
     out = tmp_path / "ring.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(ROOT / "benchmarks" / "bench_ring.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "benchmarks" / "bench_ring.py"),
            "--device", "cpu", "--quick", "--windows=-1,16", "--out", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -282,7 +283,7 @@ def test_bench_context_parallel_times_the_ring_and_the_all_to_all_under_gloo(tmp
     # Two CPU processes (gloo) in --quick mode: the rows a multi-GPU run will write, each scheme's
     # efficiency against one GPU's share of the same packed batch.
     out = tmp_path / "cp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(ROOT / "benchmarks" / "bench_context_parallel.py"), "--device", "cpu", "--quick", "--out", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -303,8 +304,8 @@ def test_kernel_times_refuses_a_machine_without_cuda():
     assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab", "studies/forward_programs",
-                                    "studies/backward_streams_ab", "revision_ab"])
+@pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
+                                    "studies/forward_programs", "studies/backward_streams_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
     # kernel and spec they launch (a renamed one fails here, not on the next GPU run).

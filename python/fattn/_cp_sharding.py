@@ -106,10 +106,15 @@ def offsets(fn: str, cu_seqlens) -> tuple[int, ...]:
     return cu
 
 
-@functools.lru_cache(maxsize=32)
 def packed_layout(cu_seqlens: tuple[int, ...], world: int) -> PackedLayout:
-    """The layout of one batch (cached: every ring call of a training step asks again)."""
-    return PackedLayout(cu_seqlens, world)
+    """The layout of one batch (cached: every ring call of a training step asks again; traced by
+    torch.compile, made afresh, since dynamo ignores a cache and warns that it does)."""
+    if torch.compiler.is_compiling():
+        return PackedLayout(cu_seqlens, world)
+    return _cached_layout(cu_seqlens, world)
+
+
+_cached_layout = functools.lru_cache(maxsize=32)(PackedLayout)
 
 
 def _layout(fn: str, cu_seqlens, world: int, rank: int | None = None) -> PackedLayout:

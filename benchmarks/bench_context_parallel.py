@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Results, int_list, print_table, short_error, time_ms  # noqa: E402
+from bench_ring import fwd_bwd, timed  # noqa: E402  (the slowest rank's time; a fwd + bwd step)
+from common import Results, int_list, print_table, short_error  # noqa: E402
 
 import fattn  # noqa: E402
 
@@ -50,21 +51,6 @@ def document_lengths(total: int, documents: int) -> list[int]:
 
 def flops(lengths, heads, head_dim):
     return sum(3.5 * 4 * heads * n * (n + 1) // 2 * head_dim for n in lengths)  # causal; fwd 4*d a pair, bwd 2.5x
-
-
-def timed(fn, device):
-    """The slowest rank's median ms of fn(); every rank runs it."""
-    ms = time_ms(fn, warmup=2, reps=5, device=device, before_rep=dist.barrier)
-    t = torch.tensor([ms], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def fwd_bwd(fn, q, k, v, dout):
-    def run():
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        fn(qq, kk, vv).backward(dout)
-    return run
 
 
 def parse_args(argv=None):

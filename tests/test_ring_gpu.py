@@ -2,13 +2,12 @@
 2 GPUs; the checks themselves live in ring_gpu_worker.py), and the ring's schedule simulated on one
 GPU (fattn.ring.simulate)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from helpers import run_on_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -19,13 +18,7 @@ WORLDS = [w for w in (2, 4) if w <= torch.cuda.device_count()] or [2]
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs")
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_on_gpus_matches_float64_reference(world):
-    worker = Path(__file__).with_name("ring_gpu_worker.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", str(worker)]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    print(result.stdout[-4000:])
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert result.stdout.count("all ring checks passed") == world
+    run_on_gpus(Path(__file__).with_name("ring_gpu_worker.py"), world, "all ring checks passed", timeout=600)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

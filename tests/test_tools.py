@@ -157,6 +157,14 @@ def _bars_run(direction, ratios):
     return {"benchmark": direction, "rows": [r for r in rows if r["ratio"] is not None]}
 
 
+def _write_bars_runs(tmp_path, ratios):
+    """forward.json and backward.json of _bars_run with ratios(direction); their paths."""
+    paths = [tmp_path / f"{direction}.json" for direction in ("forward", "backward")]
+    for path in paths:
+        path.write_text(json.dumps(_bars_run(path.stem, ratios(path.stem))))
+    return paths
+
+
 @pytest.mark.parametrize("case", ["met", "backward below 0.9 cuDNN", "forward below Flex", "no d256 rows"])
 def test_check_bars_says_which_bar_is_unmet(tmp_path, case):
     def ratios(direction):
@@ -171,10 +179,7 @@ def test_check_bars_says_which_bar_is_unmet(tmp_path, case):
             return r
         return at
 
-    paths = []
-    for direction in ("forward", "backward"):
-        paths.append(tmp_path / f"{direction}.json")
-        paths[-1].write_text(json.dumps(_bars_run(direction, ratios(direction))))
+    paths = _write_bars_runs(tmp_path, ratios)
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "check_bars.py"), *map(str, paths)],
                             capture_output=True, text=True, timeout=60)
     lines = result.stdout.splitlines()
@@ -229,10 +234,7 @@ def test_check_bars_hopper_peers_takes_the_faster_of_fa4_and_cudnn(tmp_path, cas
             return r
         return at
 
-    paths = []
-    for direction in ("forward", "backward"):
-        paths.append(tmp_path / f"{direction}.json")
-        paths[-1].write_text(json.dumps(_bars_run(direction, ratios(direction))))
+    paths = _write_bars_runs(tmp_path, ratios)
     script = str(ROOT / "benchmarks" / "check_bars.py")
     result = subprocess.run([sys.executable, script, "--bars", "hopper_peers", *map(str, paths)],
                             capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ power of two from 2 to one query tile per program, on bench_attention.py's shape
 attn_fwd_sm90 through Triton's JIT with the tiles the grid builds (tuning/tune_tile_loop.py's
 choice of variant), each program count held to the accuracy rule first (the same output as the
 rule's count, to the bit: the programs only reorder which tiles run where), captured in a CUDA
-graph and replayed, the counts alternating --pairs times; the median of each. Needs an sm_90 GPU
+graph and replayed, the counts alternating --pairs times (benchmarks/common.py's interleaved_ms). Needs an sm_90 GPU
 and a built library.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def counts(tiles: int, rule: int) -> list[int]:
@@ -45,6 +46,7 @@ def main(argv=None) -> int:
 
     import fattn._library as library
     from aot_build.signatures import kernel_spec
+    from common import interleaved_ms
     from tuning import launch
     from tuning.tune import Problem, graph_replay
     from tuning.tune_tile_loop import _looping_tiles
@@ -80,17 +82,7 @@ def main(argv=None) -> int:
                     if not torch.equal(got, want):
                         raise RuntimeError(f"d{d} s{s} causal={causal}: {g} programs per pair give another output")
                     replays[g] = graph_replay(call(g))
-                samples = {g: [] for g in replays}
-                for _ in range(args.pairs):
-                    for g, replay in replays.items():
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        for _ in range(10):
-                            replay()
-                        end.record()
-                        end.synchronize()
-                        samples[g].append(start.elapsed_time(end) / 10)
-                ms = {g: sorted(v)[len(v) // 2] for g, v in samples.items()}
+                ms = interleaved_ms(replays, pairs=args.pairs)
                 best = min(ms, key=ms.get)
                 row = {"head_dim": d, "seqlen": s, "causal": causal, "tiles": tiles, "pairs": pairs_per_call,
                        "rule": rule, "best": best, "rule_over_best": round(ms[rule] / ms[best], 3),

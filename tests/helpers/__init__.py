@@ -10,7 +10,8 @@ compile: telling a recompile from a first compile under torch.compile;
 interpreter: running a kernel script under Triton's interpreter;
 profiled: which kernels a GPU call launched, with which grids and shared memory;
 ring: the ring schedule's designed point-to-point traffic;
-gloo: a check run on every rank of a CPU process group.
+gloo: a check run on every rank of a CPU process group;
+torchrun: a worker script run on several GPUs, one process per GPU.
 """
 
 from .common import (
@@ -19,6 +20,7 @@ from .common import (
 )
 from .compile import recompiles_forbidden
 from .gloo import spawn_gloo
+from .torchrun import run_on_gpus
 from .interpreter import run_interpreted
 from .ring import designed_p2p_ops
 from .kvcache import (

@@ -29,13 +29,16 @@ from tuning.launch import DecodeTiles, Rotary, Variant, decode  # noqa: E402
 TILES = DecodeTiles(block_m=16, block_n=16, block_s=4, num_warps=4, num_stages=1)
 # The wide (chunked prefill) tile: the same kernel with more rows per program.
 WIDE_TILES = DecodeTiles(block_m=64, block_n=16, block_s=4, num_warps=4, num_stages=1)
+# Key tiles longer than a page of 16: the paged cache's keys are looked up one by one (PAGE_TILES
+# off), where with TILES every page holds whole key tiles, looked up once per tile.
+LONG_KEY_TILES = DecodeTiles(block_m=16, block_n=32, block_s=4, num_warps=4, num_stages=1)
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
            alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=0, k_descale=None,
-           v_descale=None):
+           v_descale=None, tiles=TILES):
     variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
-    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, WIDE_TILES if wide else TILES, variant,
+    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, WIDE_TILES if wide else tiles, variant,
                   k_new, v_new, rotary=rotary, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                   wide=wide, k_descale=k_descale, v_descale=v_descale)
 
@@ -44,6 +47,9 @@ CASES = [
     # name, seqlen_q, heads, kv_heads, head_dim, page_size (None: contiguous), new tokens, causal, window, softcap, splits
     ("contiguous-gqa4-1split", 1, 8, 2, 16, None, 2, False, (-1, -1), 0.0, 1),
     ("paged16-mha-3splits", 3, 4, 4, 24, 16, 0, False, (-1, -1), 0.0, 3),
+    ("paged16-keytiles32-mha-3splits", 3, 4, 4, 24, 16, 0, False, (-1, -1), 0.0, 3),
+    ("paged16-keytiles32-window-leftpad-gqa4-2splits", 2, 8, 2, 16, 16, 1, False, (9, 0), 0.0, 2),
+    ("paged32-window-leftpad-gqa4-3splits", 2, 8, 2, 16, 32, 1, False, (9, 0), 0.0, 3),
     ("contiguous-mqa-causal-2rowtiles-9splits", 5, 6, 1, 32, None, 2, True, (-1, -1), 0.0, 9),
     ("paged16-window-both", 4, 8, 2, 16, 16, 2, False, (7, 1), 0.0, 1),
     ("contiguous-window-left-softcap", 1, 4, 4, 24, None, 0, False, (5, -1), 5.0, 3),
@@ -98,7 +104,8 @@ def fp8_steps(a, b):
 def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, causal, window, softcap, splits):
     """Cases named *alibi* add [batch, heads] ALiBi slopes, *sinks* sinks, *rotary-gptj* /
     *rotary-neox* a rotary embedding over 16 features, *batchidx* a cache with two spare rows,
-    *leftpad* left padding, *wide* the wide row tile (*wide-mods* its softcap/ALiBi build)."""
+    *leftpad* left padding, *wide* the wide row tile (*wide-mods* its softcap/ALiBi build),
+    *keytiles32* key tiles of 32 (LONG_KEY_TILES)."""
     # An empty sequence, a short and a long one: with 9 splits the long one spreads its keys
     # over more splits than one merge chunk (BLOCK_S) holds. A right window only bites
     # when it is shorter than seqlen_q - 1 (the mask is aligned bottom-right).
@@ -148,7 +155,7 @@ def run_case(name, seqlen_q, heads, kv_heads, head_dim, page_size, seqlen_new, c
         k_descale=k_descale, v_descale=v_descale)
     out, lse = launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal, window, softcap, splits,
                       alibi, sinks, rotary, batch_idx, leftpad, wide=(2 if "mods" in name else 1) if "wide" in name else 0,
-                      k_descale=k_descale, v_descale=v_descale)
+                      k_descale=k_descale, v_descale=v_descale, tiles=LONG_KEY_TILES if "keytiles32" in name else TILES)
     finite = torch.isfinite(want_lse)
     if fp8 is not None:  # the appended FP8 values, compared as bit patterns
         steps = max(fp8_steps(k_cache, want_k), fp8_steps(v_cache, want_v))

@@ -48,9 +48,13 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
         expected += per_kernel
     assert len(variants) == expected
     # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x WIDE 1/2;
-    # the FP8 caches' (KV_FP8 1, 2) only on sm_89 and sm_90, the decoding tile, both head-dim codes.
+    # the FP8 caches' (KV_FP8 1, 2) only on sm_89 and sm_90, the decoding tile, both head-dim codes;
+    # PAGE_TILES for the 16-bit paged caches' decoding tile, on every arch.
     assert sum(v.kernel == "attn_decode_split" for v in variants) == (4 * 2 * 4 * 2 * 3 - 2 * 4 * 2 * 2
-                                                                      + 2 * 2 * 4 * 2 * 2 * 2)
+                                                                      + 2 * 2 * 4 * 2 * 2 * 2 + 4 * 2 * 4)
+    page_tiles = [v for v in variants if v.constant_dict.get("PAGE_TILES")]
+    assert {(v.constant_dict["PAGED"], v.constant_dict["WIDE"], v.constant_dict["KV_FP8"]) for v in page_tiles} == {
+        (True, 0, 0)}
     fp8 = [v for v in variants if v.constant_dict.get("KV_FP8", 0) != 0]
     assert {v.arch for v in fp8} == {89, 90} and {v.kernel for v in fp8} == {"attn_decode_split", "kv_append"}
     # sm_89 holds the FP8 variants alone: everything else on an 8.9 GPU runs sm_86's cubins.

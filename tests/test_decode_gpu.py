@@ -128,14 +128,15 @@ def test_long_context_window_and_softcap():
     (True, (-1, -1), 30.0, 0.5),      # softcap on large scores
     (False, (500, 7), 5.0, 0.2),      # everything together
 ])
-@pytest.mark.parametrize("page_size", [None, 16])
+# Pages of 16 keys are looked up key by key; of 64 (one sm_90 key tile) and 256, once per key tile.
+@pytest.mark.parametrize("page_size", [None, 16, 64])
 def test_window_and_softcap(causal, window, softcap, scale, page_size):
     decode_case(MIXED, 8, 16, 4, 128, torch.bfloat16, page_size, 5, causal, window=window, softcap=softcap,
                 softmax_scale=scale)
 
 
 @pytest.mark.parametrize("num_splits", [1, 0, 7])
-@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("page_size", [None, 16, 256])
 def test_alibi(page_size, num_splits):
     decode_case(MIXED, 4, 16, 4, 128, torch.bfloat16, page_size, 2, True, window=(900, -1), softcap=30.0,
                 num_splits=num_splits, alibi=True)
@@ -192,7 +193,7 @@ def test_more_splits_than_keys_and_empty_rows():
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["fused", "transposed"])
-@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("page_size", [None, 16, 256])
 def test_strided_cache_views(layout, page_size):
     decode_case(MIXED, 5, 32, 8, 128, torch.bfloat16, page_size, 5, True, layout=layout)
     decode_case([3, 700], 1, 8, 2, 64, torch.float16, page_size, 1, False, layout=layout, window=(50, -1))

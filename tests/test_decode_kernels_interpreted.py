@@ -23,13 +23,15 @@ def interpreted():
 
 def test_every_case_ran(interpreted):
     seed, rows = interpreted
-    assert len(rows) == 19, f"seed {seed}: {sorted(rows)}"
+    assert len(rows) == 22, f"seed {seed}: {sorted(rows)}"
     # The batch holds an empty sequence (no append): its rows must come out empty.
     assert rows["paged16-mha-3splits"]["empty_rows"] > 0
 
 
 @pytest.mark.parametrize("case", [
-    "contiguous-gqa4-1split", "paged16-mha-3splits", "contiguous-mqa-causal-2rowtiles-9splits",
+    "contiguous-gqa4-1split", "paged16-mha-3splits", "paged16-keytiles32-mha-3splits",
+    "paged16-keytiles32-window-leftpad-gqa4-2splits", "paged32-window-leftpad-gqa4-3splits",
+    "contiguous-mqa-causal-2rowtiles-9splits",
     "paged16-window-both", "contiguous-window-left-softcap", "paged32-window-right-9splits",
     "paged16-causal-softcap", "paged16-causal-softcap-alibi-gqa4", "paged16-causal-sinks-gqa4-9splits",
     "contiguous-window-sinks-1split", "contiguous-rotary-gptj-batchidx-leftpad-3splits",

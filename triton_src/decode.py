@@ -57,6 +57,16 @@ def _key_slots(BlockTable, table_row, cols, page_size, PAGED: tl.constexpr):
 
 
 @triton.jit
+def _tile_page(BlockTable, table_row, first, last, page_size):
+    """(table column, page) of the key tile starting at `first`, for pages that hold whole key tiles
+    (PAGE_TILES): one lookup per tile where the keys' own lookups cost the paged cache 10-20 % of its
+    read rate (docs/notes/decode.md D16). A tile past the chunk's `last` key takes the last key's page
+    (in bounds; its keys are never used)."""
+    col = tl.minimum(first, last) // page_size
+    return col, tl.load(BlockTable + table_row + col).to(tl.int64)
+
+
+@triton.jit
 def _cache_row(CacheBatchIdx, batch, use_batch_idx):
     """The contiguous cache's row of sequence `batch`: cache_batch_idx[batch] when given."""
     if use_batch_idx != 0:
@@ -383,6 +393,7 @@ def attn_decode_split(
     KDescale, stride_kdb, stride_kdh, use_k_descale, VDescale, stride_vdb, stride_vdh, use_v_descale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAD_D: tl.constexpr, WIDE: tl.constexpr, KV_FP8: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
 ):
     """Grid (num_splits, kv_heads * row_tiles, batch).
 
@@ -404,11 +415,15 @@ def attn_decode_split(
     WIDE 1 and 2 (chunked prefill: the build gives them a tall row tile) take the forward
     kernel's two-loop pass (_wide_chunk): no mask on the key tiles every row sees; WIDE 2 has
     the softcap and ALiBi code, WIDE 1 runs neither (softcap_log2 = 0, use_alibi = 0).
+    PAGE_TILES (a paged cache whose page_size is a multiple of BLOCK_N, decoding tile): the key
+    tiles start on multiples of BLOCK_N (the keys before `lo` that this adds are masked, and share
+    lo's page), so each lies in one page, looked up once per tile.
     Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
     tl.static_assert(KV_FP8 == 0 or WIDE == 0, "an FP8 cache runs the decoding tile (WIDE 0)")
+    tl.static_assert(not PAGE_TILES or (PAGED and WIDE == 0), "PAGE_TILES: a paged cache, decoding tile")
     split = tl.program_id(0)
     rows_total = seqlen_q * kv_group_size
     row_tiles = tl.cdiv(rows_total, BLOCK_M)
@@ -482,17 +497,30 @@ def attn_decode_split(
         # loads stay in bounds and on a mapped page, and their scores are masked. The page
         # numbers of a tile are loaded one tile ahead, so the K/V loads do not wait on the
         # block table (that lets Triton pipeline them).
+        if PAGE_TILES:  # tiles start on multiples of BLOCK_N, so none straddles a page
+            lo = lo - lo % BLOCK_N
         chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
         start = lo + split * chunk
         stop = tl.minimum(start + chunk, hi)
-        page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(start + offs_n, stop - 1), 0),
-                                page_size, PAGED)
+        if PAGE_TILES:
+            last = tl.maximum(stop - 1, 0)
+            col, page = _tile_page(BlockTable, table_row, start, last, page_size)
+        else:
+            page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(start + offs_n, stop - 1), 0),
+                                    page_size, PAGED)
         for start_n in range(start, stop, BLOCK_N):
             cols = start_n + offs_n
             col_ok = cols < stop
+            if PAGE_TILES:
+                slot = (tl.minimum(cols, last) - col * page_size).to(tl.int64)  # keys past stop: the last one
+                col, next_page = _tile_page(BlockTable, table_row, start_n + BLOCK_N, last, page_size)
             k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
             v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
-            page, slot = _key_slots(BlockTable, table_row, tl.minimum(cols + BLOCK_N, stop - 1), page_size, PAGED)
+            if PAGE_TILES:
+                page = next_page
+            else:
+                page, slot = _key_slots(BlockTable, table_row, tl.minimum(cols + BLOCK_N, stop - 1), page_size,
+                                        PAGED)
             if PAD_D:
                 k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
             else:

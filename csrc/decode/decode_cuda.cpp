@@ -178,9 +178,19 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   // The FP8 exact-dim code promises 16-element cache strides; a cache without them (a fused or
   // padded view) runs the padded code rather than a copy of the whole cache per call.
   const bool exact_dim = fp8 == 0 || (meets_stride_multiple(k_cache, 16) && meets_stride_multiple(v_cache, 16));
-  const auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
-                                                  {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8},
-                                                  {.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8}, exact_dim);
+  const attn_decode_split::Flags narrow{.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8, .PAGE_TILES = false};
+  auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
+                                            {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = s.paged},
+                                            narrow, exact_dim);
+  // A paged cache's tiles are looked up once each where its pages hold whole key tiles (1.07-1.25x
+  // the per-key lookups on the H200, docs/notes/decode.md D16); the build has that code for the
+  // decoding tile of 16-bit caches (configs.json).
+  if (split.constant(attn_decode_split::PAGE_TILES) != 0 &&
+      s.page_size % split.constant(attn_decode_split::BLOCK_N) != 0) {
+    split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
+                                         {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = false}, narrow,
+                                         exact_dim);
+  }
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
   const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .KV_FP8 = fp8});
   const int64_t cache_stride_multiple = fp8 != 0 && split.constant(attn_decode_split::PAD_D) == 0 ? 16 : 8;

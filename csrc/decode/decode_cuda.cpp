@@ -29,14 +29,16 @@ using kernels::attn_decode_split;
 using kernels::kv_append;
 using kernels::rotate_queries;
 constexpr const char* kOp = "fattn.decode";
-// The automatic split count: two programs per SM where its shared memory holds two (one
-// otherwise), rounded down to a power of two. In the H200 sweep of benchmarks/bench_decode.py
-// --num-splits (batch 1 to 32, 8k to 128k keys, GQA 32/8, d128; docs/notes/decode.md D15) the
-// fastest count gave 256 programs on 132 SMs at every batch (32 splits at batch 1, 4 at batch 8)
-// and ran 1.05-1.20x the one-program-per-SM rule before it; 24 and 48 splits ran slower than
-// their power-of-two neighbours. Chunks never shrink below kMinTilesPerSplit key tiles.
+// The automatic split count: two programs per SM where its shared memory holds two and each
+// program still reads kKeysForTwoPerSm keys, else one per SM; rounded down to a power of two.
+// In the H200 sweeps of benchmarks/bench_decode.py --num-splits (GQA 32/8, d128; docs/notes/decode.md
+// D15, D16) the fastest count gave 256 programs on 132 SMs at every batch from 8k keys up (32 splits
+// at batch 1, 4 at batch 8), 1.05-1.20x one program per SM; 24 and 48 splits ran slower than their
+// power-of-two neighbours. Below that, programs of a few tiles each ran faster one per SM: at batch
+// 1, 16 splits against 32 took 0.81x the time at 1k keys, 0.90x at 4k, 0.97x at 8k, 1.02x at 16k.
+// A split holds at least one key tile.
 constexpr int64_t kProgramsPerSm = 2;
-constexpr int64_t kMinTilesPerSplit = 2;
+constexpr int64_t kKeysForTwoPerSm = 512;
 constexpr int64_t kMaxAutoSplits = 64;
 
 // Programs of the split kernel an SM holds at once (1 KB of shared memory reserved per program):
@@ -45,13 +47,19 @@ int64_t resident_programs(const runtime::KernelEntry& split, int device) {
   return std::max<int64_t>(1, cuda::shared_memory_per_multiprocessor(device) / (split.shared_bytes + 1024));
 }
 
+int64_t floor_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
 int64_t auto_num_splits(int64_t programs, int64_t capacity, const runtime::KernelEntry& split, int device) {
   const int64_t block_n = split.constants[attn_decode_split::BLOCK_N].value;
+  const int64_t sms = cuda::multiprocessor_count(device);
   const int64_t per_sm = std::min(kProgramsPerSm, resident_programs(split, device));
-  const int64_t wanted = std::max<int64_t>(1, cuda::multiprocessor_count(device) * per_sm / programs);
-  int64_t splits = 1;
-  while (splits * 2 <= wanted) splits *= 2;
-  const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
+  int64_t splits = floor_pow2(std::max<int64_t>(1, sms * per_sm / programs));
+  if (per_sm > 1 && capacity / splits < kKeysForTwoPerSm) splits = floor_pow2(std::max<int64_t>(1, sms / programs));
+  const int64_t shortest = std::max<int64_t>(1, capacity / block_n);
   return std::clamp<int64_t>(std::min(splits, shortest), 1, kMaxAutoSplits);
 }
 
@@ -61,13 +69,14 @@ int64_t auto_num_splits(int64_t programs, int64_t capacity, const runtime::Kerne
 // holds, in whole waves, with chunks of about kFp8KeysPerSplit keys: 32 splits at batch 1 / 128k
 // (48 ran 31 % slower: a partial second wave), 16 at batch 8 / 64k (where the bf16 rule gives 4).
 constexpr int64_t kFp8KeysPerSplit = 4096;
+constexpr int64_t kFp8MinTilesPerSplit = 2;
 
 int64_t fp8_num_splits(int64_t programs, int64_t capacity, const runtime::KernelEntry& split, int device) {
   const int64_t block_n = split.constants[attn_decode_split::BLOCK_N].value;
   const int64_t slots = cuda::multiprocessor_count(device) * resident_programs(split, device);
   const int64_t wanted = std::max<int64_t>(1, capacity / kFp8KeysPerSplit);
   const int64_t waves = (wanted * programs + slots - 1) / slots;
-  const int64_t shortest = std::max<int64_t>(1, capacity / (kMinTilesPerSplit * block_n));
+  const int64_t shortest = std::max<int64_t>(1, capacity / (kFp8MinTilesPerSplit * block_n));
   return std::clamp<int64_t>(std::min(waves * slots / programs, shortest), 1, kMaxAutoSplits);
 }
 

@@ -17,6 +17,12 @@ fattn at least as fast; the form the speed bars take, checked by benchmarks/chec
 its inverse ratio_vs.
 The backward times only the gradient computation (autograd.grad of a kept graph)
 and counts 2.5x the forward's FLOPs, as flash-attn does.
+Timing: --calls back-to-back calls between one pair of CUDA events, one synchronize per timed unit,
+the median unit over --reps divided by --calls: the GPU's time per call in steady state, the host
+enqueueing ahead of it as in a training loop. With --calls 1 each call starts from an idle GPU
+and its time includes the host's latency until the first kernel runs (tens of microseconds in
+fattn's op path, and up to a hundred and more in a busy process: 0.385 against 0.256 ms at d128 1k
+causal, docs/notes/tuning.md T33), which benchmarks/bench_host.py measures on its own.
 --fp8 (forward) adds fattn on the same data quantized to e4m3 and e5m2 (fattn.quantize_fp8, one
 descale per sequence and head), rows "fattn-fp8-e4m3" / "fattn-fp8-e5m2", whose ratio also holds
 "fattn_bf16": bf16 fattn's ms / FP8 fattn's ms (the FP8 speedup bar).
@@ -119,6 +125,8 @@ def parse_args(argv):
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile is slow)")
     parser.add_argument("--no-fa4", action="store_true", help="skip FlashAttention-4 (flash-attn-4)")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=8,
+                        help="back-to-back calls per timed unit (1: each call from an idle GPU, host latency included)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, few reps, no Flex: a smoke run (fa4 stays, to record why it cannot run)")
@@ -127,8 +135,10 @@ def parse_args(argv):
     if args.fp8 and args.direction != "forward":
         parser.error("--fp8 times the forward only (FP8 attention has no backward)")
     if args.quick:
-        args.seqlens, args.head_dims, args.tokens, args.hidden, args.reps = "64,128", "64", 256, 256, 3
+        args.seqlens, args.head_dims, args.tokens, args.hidden, args.reps, args.calls = "64,128", "64", 256, 256, 3, 1
         args.no_flex = True
+    if args.calls < 1:
+        parser.error("--calls must be at least 1")
     args.out = args.out or Path(f"benchmarks/results/{args.direction}.json")
     return args
 
@@ -154,7 +164,7 @@ def main(argv=None):
                 for name, fn in runs.items():
                     try:
                         call = timed_call(fn, args.direction, (q, k, v, qt, kt, vt))
-                        ms, error = time_ms(call, reps=args.reps, device=args.device), None
+                        ms, error = time_ms([call] * args.calls, reps=args.reps, device=args.device), None
                         del call
                     except Exception as e:  # noqa: BLE001  (a peer without a kernel for this shape)
                         ms, error = None, short_error(e)

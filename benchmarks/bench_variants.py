@@ -39,6 +39,8 @@ The studies, on bf16, [batch, seq, heads, dim] for fattn and FlashAttention-4 ("
   two and SDPA flash and cuDNN at the head dim; --tokens per step at --mod-seqlen, 16 heads;
   with --bucket-softcap every call has that softcap (the softcap_alibi kernels) and SDPA is left out.
 Hidden size --hidden over head dim --head-dim heads; --tokens per step for the score_mod study.
+Timing as bench_attention.py's: --calls back-to-back calls per timed unit (the GPU's steady-state
+time per call).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def measure(results, case, impls, direction, inputs, flops, reps, unsupported=No
     for name, fn in impls.items():
         try:
             call = timed(fn, direction, inputs[name])
-            ms, error = time_ms(call, reps=reps, device=results.config["device"]), None
+            ms, error = time_ms([call] * results.config["calls"], reps=reps, device=results.config["device"]), None
             del call
         except Exception as e:  # noqa: BLE001  (a peer without a kernel for this shape)
             ms, error = None, short_error(e)
@@ -407,11 +409,16 @@ def parse_args(argv):
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--no-fa4", action="store_true", help="skip FlashAttention-4 (flash-attn-4)")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=8,
+                        help="back-to-back calls per timed unit, as bench_attention.py's (1: each call from an idle GPU)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, few reps, no Flex: a smoke run (fa4 stays, to record why it cannot run)")
     args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error("--calls must be at least 1")
     if args.quick:
+        args.calls = 1
         args.head_dim, args.hidden, args.window_seqlen, args.windows = 64, 128, 256, "16,64"
         args.mod_seqlen, args.tokens, args.reps, args.no_flex, args.mod_window, args.gqa = 128, 256, 2, True, 32, 2
         args.varlen_batch, args.varlen_max_seqlen, args.pad_head_dims, args.bias_seqlen = 3, 100, "13", 128

@@ -24,15 +24,13 @@ Each rep starts after a barrier; the slowest rank's median counts.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ring import fwd_bwd, timed  # noqa: E402  (the slowest rank's time; a fwd + bwd step)
+from bench_ring import end_group, fwd_bwd, start_group, timed  # noqa: E402  (the group; the slowest rank's time; a step)
 from common import Results, int_list, print_table, short_error  # noqa: E402
 
 import fattn  # noqa: E402
@@ -72,12 +70,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device = args.device
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    rank, world, dtype = start_group(device)
     h, d = args.heads, args.head_dim
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # gloo's collectives: float32
     lengths = document_lengths(world * args.tokens, args.documents)
     cu = [0]
     for n in lengths:
@@ -122,8 +116,7 @@ def main(argv=None):
                      for r in results.rows],
                     title=f"context parallelism, {world} ranks x {args.tokens} rows, {len(lengths)} documents "
                           f"{lengths}, causal fwd+bwd; efficiency vs one GPU: " + "; ".join(summary))
-    dist.barrier()  # no rank tears its group down while another still uses it (rank 0 writes, prints)
-    dist.destroy_process_group()
+    end_group()
 
 
 if __name__ == "__main__":

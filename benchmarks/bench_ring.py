@@ -48,6 +48,20 @@ def flops(batch, heads, seqlen, head_dim, window_left=-1):
     return 3.5 * 4 * batch * heads * visible_pairs(seqlen, window_left) * head_dim  # fwd 4*d a pair, bwd 2.5x
 
 
+def start_group(device):
+    """(rank, world, dtype) after joining torchrun's process group: NCCL and the local GPU with
+    bf16 on CUDA, gloo with float32 (its collectives') on a CPU."""
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return dist.get_rank(), dist.get_world_size(), torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def end_group():
+    dist.barrier()  # no rank tears its group down while another still uses it (rank 0 writes, prints)
+    dist.destroy_process_group()
+
+
 def timed(fn, device):
     """The slowest rank's median ms of fn(); every rank runs it."""
     ms = time_ms(fn, warmup=2, reps=5, device=device, before_rep=dist.barrier)
@@ -102,12 +116,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device = args.device
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    rank, world, dtype = start_group(device)
     b, h, d, n = args.batch, args.heads, args.head_dim, args.tokens
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # gloo's collectives: float32
     q, k, v = (torch.randn(b, n, h, d, device=device, dtype=dtype) for _ in range(3))
     dout = torch.randn_like(q)
 
@@ -141,8 +151,7 @@ def main(argv=None):
                      for r in results.rows],
                     title=f"ring attention, {world} ranks x {n} tokens, causal fwd+bwd; ring efficiency vs one GPU: "
                           + ", ".join(summary))
-    dist.barrier()  # no rank tears its group down while another still uses it (rank 0 writes, prints)
-    dist.destroy_process_group()
+    end_group()
 
 
 if __name__ == "__main__":

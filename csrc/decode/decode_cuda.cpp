@@ -191,8 +191,8 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
                                             {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = s.paged},
                                             narrow, exact_dim);
-  // A paged cache's tiles are looked up once each where its pages hold whole key tiles (1.07-1.25x
-  // the per-key lookups on the H200, docs/notes/decode.md D16); the build has that code for the
+  // A paged cache's tiles are looked up once each where its pages hold whole key tiles (1.04-1.12x as
+  // fast as the per-key lookups on the H200, docs/notes/decode.md D16); the build has that code for the
   // decoding tile of 16-bit caches (configs.json).
   if (split.constant(attn_decode_split::PAGE_TILES) != 0 &&
       s.page_size % split.constant(attn_decode_split::BLOCK_N) != 0) {

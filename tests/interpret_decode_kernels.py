@@ -29,6 +29,7 @@ from tuning.launch import DecodeTiles, Rotary, Variant, decode  # noqa: E402
 TILES = DecodeTiles(block_m=16, block_n=16, block_s=4, num_warps=4, num_stages=1)
 # The wide (chunked prefill) tile: the same kernel with more rows per program.
 WIDE_TILES = DecodeTiles(block_m=64, block_n=16, block_s=4, num_warps=4, num_stages=1)
+WIDE_LONG_KEY_TILES = DecodeTiles(block_m=64, block_n=32, block_s=4, num_warps=4, num_stages=1)
 # Key tiles longer than a page of 16: the paged cache's keys are looked up one by one (PAGE_TILES
 # off), where with TILES every page holds whole key tiles, looked up once per tile.
 LONG_KEY_TILES = DecodeTiles(block_m=16, block_n=32, block_s=4, num_warps=4, num_stages=1)
@@ -38,7 +39,9 @@ def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal
            alibi=None, sinks=None, rotary=None, cache_batch_idx=None, cache_leftpad=None, wide=0, k_descale=None,
            v_descale=None, tiles=TILES):
     variant = Variant(causal=causal, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
-    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, WIDE_TILES if wide else tiles, variant,
+    if wide:
+        tiles = WIDE_LONG_KEY_TILES if tiles is LONG_KEY_TILES else WIDE_TILES
+    return decode(q, k_cache, v_cache, cache_seqlens, block_table, splits, tiles, variant,
                   k_new, v_new, rotary=rotary, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                   wide=wide, k_descale=k_descale, v_descale=v_descale)
 
@@ -63,6 +66,8 @@ CASES = [
     ("paged16-wide-40q-causal-rotary-neox-2splits", 40, 4, 2, 16, 16, 40, True, (-1, -1), 0.0, 2),
     ("contiguous-wide-33q-window-batchidx-leftpad", 33, 8, 1, 32, None, 5, False, (20, 0), 0.0, 1),
     ("paged16-wide-mods-24q-causal-softcap-alibi-3splits", 24, 8, 2, 16, 16, 3, True, (-1, -1), 4.0, 3),
+    ("paged32-wide-20q-window-leftpad-2splits", 20, 8, 2, 16, 32, 2, False, (30, 3), 0.0, 2),
+    ("paged16-wide-keytiles32-20q-causal-leftpad-2splits", 20, 4, 2, 16, 16, 2, True, (-1, -1), 0.0, 2),
     # FP8 caches (KV_FP8 1: e4m3, 2: e5m2), with descales unless named *kdescale* (k's only)
     ("fp8-e4m3-contiguous-gqa4-3splits", 2, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 3),
     ("fp8-e5m2-paged16-window-softcap-1split", 3, 4, 4, 16, 16, 1, False, (7, 1), 3.0, 1),

@@ -49,12 +49,13 @@ def test_default_grid_covers_every_arch_dtype_bucket_and_flag():
     assert len(variants) == expected
     # sm_75 builds no wide decoding tile (configs.json "exclude"): 2 dtypes x 4 buckets x PAGED x WIDE 1/2;
     # the FP8 caches' (KV_FP8 1, 2) only on sm_89 and sm_90, the decoding tile, both head-dim codes;
-    # PAGE_TILES for the 16-bit paged caches' decoding tile, on every arch.
+    # PAGE_TILES for the 16-bit paged caches: the decoding tile on every arch, the wide ones where built.
     assert sum(v.kernel == "attn_decode_split" for v in variants) == (4 * 2 * 4 * 2 * 3 - 2 * 4 * 2 * 2
-                                                                      + 2 * 2 * 4 * 2 * 2 * 2 + 4 * 2 * 4)
+                                                                      + 2 * 2 * 4 * 2 * 2 * 2 + 4 * 2 * 4
+                                                                      + 3 * 2 * 4 * 2)
     page_tiles = [v for v in variants if v.constant_dict.get("PAGE_TILES")]
     assert {(v.constant_dict["PAGED"], v.constant_dict["WIDE"], v.constant_dict["KV_FP8"]) for v in page_tiles} == {
-        (True, 0, 0)}
+        (True, 0, 0), (True, 1, 0), (True, 2, 0)}
     fp8 = [v for v in variants if v.constant_dict.get("KV_FP8", 0) != 0]
     assert {v.arch for v in fp8} == {89, 90} and {v.kernel for v in fp8} == {"attn_decode_split", "kv_append"}
     # sm_89 holds the FP8 variants alone: everything else on an 8.9 GPU runs sm_86's cubins.
@@ -259,7 +260,8 @@ def test_exclude_leaves_out_only_the_matching_variants():
     gone = set(every) - set(kept)
     assert gone and all(v.kernel == "attn_decode_split" and v.arch == 75 and v.constant_dict["WIDE"] in (1, 2)
                         for v in gone)
-    assert len(gone) == 2 * 2 * 2  # dtypes x PAGED x WIDE 1/2 (the padded code only)
+    # dtypes x (contiguous, paged, paged by tiles) x WIDE 1/2 (the padded code only)
+    assert len(gone) == 2 * 3 * 2
     kcfg["exclude"] = [{"flags": {"NO_SUCH_FLAG": 1}}]
     with pytest.raises(grid.GridError, match="exclude name unknown flags"):
         grid.expand(config, env)

@@ -287,11 +287,20 @@ def rotate_queries(
 
 @triton.jit
 def _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N: tl.constexpr,
-                     PAGED: tl.constexpr):
+                     PAGED: tl.constexpr, PAGE_TILES: tl.constexpr):
     """(page, slot) of the keys of the chunk's key tile `tile`, clamped onto the chunk's last key
-    (in bounds, on a mapped page: this also serves the lookahead past the last tile)."""
-    rows = tl.maximum(tl.minimum(start + tile * BLOCK_N + offs_n, stop - 1), 0)
-    return _key_slots(BlockTable, table_row, rows, page_size, PAGED)
+    (in bounds, on a mapped page: this also serves the lookahead past the last tile). With
+    PAGE_TILES (the chunk's tiles start on multiples of BLOCK_N, which divides page_size) the tile
+    lies in one page, looked up once (_tile_page)."""
+    first = start + tile * BLOCK_N
+    if PAGE_TILES:
+        last = tl.maximum(stop - 1, 0)
+        col, page = _tile_page(BlockTable, table_row, first, last, page_size)
+        slot = (tl.minimum(first + offs_n, last) - col * page_size).to(tl.int64)
+    else:
+        page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(first + offs_n, stop - 1), 0),
+                                page_size, PAGED)
+    return page, slot
 
 
 @triton.jit
@@ -301,7 +310,7 @@ def _wide_key_tiles(
     start, stop, first_tile, num_tiles, skip_at, skip, page_size, offs_n, offs_d, d_ok,
     token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
-    MODS: tl.constexpr,
+    MODS: tl.constexpr, PAGE_TILES: tl.constexpr,
 ):
     """Folds num_tiles key tiles of the chunk [start, stop) into the softmax state: the i-th is
     tile first_tile + i, or + skip once i >= skip_at (the masked loop jumps over the fully
@@ -310,13 +319,15 @@ def _wide_key_tiles(
     unused). Where a tile's keys live is looked up one tile ahead (loop-carried), so the K/V
     loads do not wait on the block table and Triton pipelines them (docs/notes/decode.md D2)."""
     tile = first_tile + tl.where(0 >= skip_at, skip, 0)
-    page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED)
+    page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED,
+                                  PAGE_TILES)
     for i in range(0, num_tiles):
         cols = start + tile * BLOCK_N + offs_n
         k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
         tile = first_tile + i + 1 + tl.where(i + 1 >= skip_at, skip, 0)
-        page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED)
+        page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED,
+                                      PAGE_TILES)
         if PAD_D:
             k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
         else:
@@ -346,10 +357,15 @@ def _wide_chunk(
     lo, hi, split, num_splits, first_key, first_token, last_token, seqlen_k, page_size, offs_n, offs_d, d_ok,
     token, diagonal, window_left, window_right, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, MODS: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
 ):
     """The wide row tile's pass over its split of [lo, hi), as the forward kernel does it: the
     key tiles every row of the tile sees run without a mask, the edges of the window and of the
-    keys with it. Two loops only: each pipelined loop holds shared memory of its own."""
+    keys with it. Two loops only: each pipelined loop holds shared memory of its own. With
+    PAGE_TILES the tiles start on multiples of BLOCK_N, as the decoding tile's do (the keys
+    before `lo` this adds fall in the masked edge loop)."""
+    if PAGE_TILES:
+        lo = lo - lo % BLOCK_N
     chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     stop = tl.minimum(start + chunk, hi)
@@ -368,13 +384,13 @@ def _wide_chunk(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
         offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
-        BLOCK_N, PAGED, PAD_D, False, MODS)
+        BLOCK_N, PAGED, PAD_D, False, MODS, PAGE_TILES)
     # The edges: tiles [0, full_first) and [full_end, num_tiles).
     return _wide_key_tiles(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, start, stop, 0, full_first + num_tiles - full_end, full_first, num_full,
         page_size, offs_n, offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi,
-        alibi_log2, BLOCK_N, PAGED, PAD_D, True, MODS)
+        alibi_log2, BLOCK_N, PAGED, PAD_D, True, MODS, PAGE_TILES)
 
 
 @triton.jit
@@ -415,15 +431,15 @@ def attn_decode_split(
     WIDE 1 and 2 (chunked prefill: the build gives them a tall row tile) take the forward
     kernel's two-loop pass (_wide_chunk): no mask on the key tiles every row sees; WIDE 2 has
     the softcap and ALiBi code, WIDE 1 runs neither (softcap_log2 = 0, use_alibi = 0).
-    PAGE_TILES (a paged cache whose page_size is a multiple of BLOCK_N, decoding tile): the key
-    tiles start on multiples of BLOCK_N (the keys before `lo` that this adds are masked, and share
-    lo's page), so each lies in one page, looked up once per tile.
+    PAGE_TILES (a paged cache whose page_size is a multiple of BLOCK_N): the key tiles start on
+    multiples of BLOCK_N (the keys before `lo` that this adds are masked, and share lo's page), so
+    each lies in one page, looked up once per tile.
     Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
     """
     tl.static_assert(KV_FP8 == 0 or WIDE == 0, "an FP8 cache runs the decoding tile (WIDE 0)")
-    tl.static_assert(not PAGE_TILES or (PAGED and WIDE == 0), "PAGE_TILES: a paged cache, decoding tile")
+    tl.static_assert(not PAGE_TILES or PAGED, "PAGE_TILES: a paged cache")
     split = tl.program_id(0)
     rows_total = seqlen_q * kv_group_size
     row_tiles = tl.cdiv(rows_total, BLOCK_M)
@@ -491,7 +507,7 @@ def attn_decode_split(
             acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
             stride_vb, stride_vs, stride_vh, lo, hi, split, num_splits, first_key, first_token, last_token, seqlen_k,
             page_size, offs_n, offs_d, d_ok, token, diagonal, window_left, window_right, row_lo, row_hi, qk_scale,
-            softcap_log2, use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D, WIDE == 2)
+            softcap_log2, use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D, WIDE == 2, PAGE_TILES)
     else:
         # Rows past `stop` are clamped onto the last key (key 0 for an empty chunk): their
         # loads stay in bounds and on a mapped page, and their scores are masked. The page

@@ -343,7 +343,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
     ATTN_DECODE_SPLIT.launch(
         (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, WIDE=wide, KV_FP8=kv_fp8,
         # decode_cuda.cpp's choice: one page lookup per key tile where pages hold whole tiles
-        PAGE_TILES=paged and wide == 0 and not kv_fp8 and page_size % tiles.block_n == 0,
+        PAGE_TILES=paged and not kv_fp8 and page_size % tiles.block_n == 0,
         **descales,
         CacheLeftpad=cache_seqlens if cache_leftpad is None else cache_leftpad,
         use_leftpad=int(cache_leftpad is not None),

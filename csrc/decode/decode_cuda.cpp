@@ -187,18 +187,19 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   // The FP8 exact-dim code promises 16-element cache strides; a cache without them (a fused or
   // padded view) runs the padded code rather than a copy of the whole cache per call.
   const bool exact_dim = fp8 == 0 || (meets_stride_multiple(k_cache, 16) && meets_stride_multiple(v_cache, 16));
+  // Preferences, best first: this row tile looking a paged cache's pages up once per key tile
+  // (1.04-1.12x as fast as the per-key lookups for decoding on the H200, docs/notes/decode.md D16;
+  // the build has it for 16-bit caches, configs.json), the same tile with per-key lookups, then the
+  // decoding tile. Each step down is taken only where the build lacks the one above, so a missing
+  // variant never silently trades the wide tile for the narrow one.
+  const attn_decode_split::Flags tiled{.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = s.paged};
+  const attn_decode_split::Flags per_key{.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = false};
   const attn_decode_split::Flags narrow{.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8, .PAGE_TILES = false};
-  auto split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
-                                            {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = s.paged},
-                                            narrow, exact_dim);
-  // A paged cache's tiles are looked up once each where its pages hold whole key tiles (1.04-1.12x as
-  // fast as the per-key lookups on the H200, docs/notes/decode.md D16); the build has that code for the
-  // decoding tile of 16-bit caches (configs.json).
+  auto split = choose_first<attn_decode_split>(kOp, device, dtype, s.head_dim, {tiled, per_key, narrow}, exact_dim);
+  // Page tiles need pages that hold whole key tiles.
   if (split.constant(attn_decode_split::PAGE_TILES) != 0 &&
       s.page_size % split.constant(attn_decode_split::BLOCK_N) != 0) {
-    split = choose_or<attn_decode_split>(kOp, device, dtype, s.head_dim,
-                                         {.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = false}, narrow,
-                                         exact_dim);
+    split = choose_first<attn_decode_split>(kOp, device, dtype, s.head_dim, {per_key, narrow}, exact_dim);
   }
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});
   const auto kv = choose<kv_append>(kOp, device, dtype, s.head_dim, {.PAGED = s.paged, .KV_FP8 = fp8});

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import fattn
-from helpers import (KVCache, check_outputs, fp8_kernels_on, new_tokens, poison_allocator, references, requires_gpu,
-                     seqlens_tensor, skip_without_ptx)
+from helpers import (KVCache, check_outputs, fp8_kernels_on, launch_grids, new_tokens, poison_allocator, references,
+                     requires_gpu, seqlens_tensor, skip_without_ptx)
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -174,6 +174,26 @@ def test_num_splits_agree(page_size):
         finite = torch.isfinite(ref_lse)  # check_outputs proved the -inf pattern of each
         lse_diff = (lse[finite] - results[0][1][finite]).abs().max().item()
         assert lse_diff <= 1e-3, f"num_splits={n} vs auto: lse differs by {lse_diff:.3e}"
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_paged_chunk_runs_the_row_tile_of_a_contiguous_one(page_size, softcap):
+    # A query chunk runs the wide row tile whatever the cache's layout: a paged cache whose tiled
+    # variant is missing or whose pages are shorter than a key tile steps down to per-key lookups at
+    # the same row tile, never to the decoding tile (about 9x the time for a 2k chunk). The row tile
+    # is read from the split kernel's grid: y = kv_heads * ceil(seqlen_q * group / BLOCK_M).
+    lengths, sq, heads, kv_heads, d = [700, 3000], 200, 16, 4, 128
+    grids = {}
+    for paged in (None, page_size):
+        cache = KVCache(len(lengths), max(lengths) + 8, kv_heads, d, torch.bfloat16, DEV, paged)
+        q = torch.randn(len(lengths), sq, heads, d, dtype=torch.bfloat16, device=DEV)
+        call = lambda: fattn.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache,  # noqa: E731
+                                                     cache_seqlens=seqlens_tensor(lengths, DEV),
+                                                     block_table=cache.block_table, causal=True, softcap=softcap)
+        grids[paged] = {g[1] for g in launch_grids(call, "attn_decode_split")}
+    assert len(grids[None]) == 1 and grids[page_size] == grids[None], \
+        f"page_size={page_size}: split grids' y {grids[page_size]} against {grids[None]} for a contiguous cache"
 
 
 def test_more_splits_than_keys_and_empty_rows():

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compress
+from . import compress, ptx_passes
 from .grid import Variant
 from .signatures import kernel_spec, runtime_params, triton_signature
 
@@ -48,10 +48,13 @@ def _kernel_source_digest() -> str:
 
 
 def cache_key(variant: Variant, triton_version: str, source_digest: str) -> str:
-    blob = json.dumps({
+    key = {
         "source": source_digest, "variant": repr(variant), "triton": triton_version,
         "line_info": "disabled", "format": 1,
-    }, sort_keys=True)
+    }
+    if ptx_passes.passes_for(variant.implementation or variant.kernel):
+        key["ptx_passes"] = ptx_passes.passes_digest()
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -89,15 +92,25 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
         ptx = (entry_dir / "kernel.ptx").read_text()
         cached = True
     else:
-        # Keep Triton's own cache inside ours so builds never touch ~/.triton.
-        os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
         name = variant.implementation or variant.kernel
+        passes = ptx_passes.passes_for(name)
+        # Keep Triton's own cache inside ours so builds never touch ~/.triton. Its key does not
+        # see the PTX passes, so kernels with passes keep theirs apart, by the passes' digest.
+        triton_cache = cache_dir / "triton"
+        if passes:
+            triton_cache = triton_cache / f"ptx-passes-{ptx_passes.passes_digest()}"
+        os.environ["TRITON_CACHE_DIR"] = str(triton_cache)
         fn = kernel_spec(name).kernel
         signature, attrs = triton_signature(name, variant.dtype)
         src = _source_class(fn)(fn, signature, variant.constant_dict, attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
-                                  options={"num_warps": variant.num_warps,
-                                           "num_stages": variant.num_stages})
+        removed: dict = {}
+        triton.knobs.runtime.add_stages_inspection_hook = ptx_passes.stages_hook(passes, removed) if passes else None
+        try:
+            compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
+                                      options={"num_warps": variant.num_warps,
+                                               "num_stages": variant.num_stages})
+        finally:
+            triton.knobs.runtime.add_stages_inspection_hook = None
         md = compiled.metadata
         meta = {
             "name": md.name, "shared": md.shared, "num_warps": md.num_warps,
@@ -109,6 +122,8 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
             "params": [list(p) for p in runtime_params(variant.kernel)],  # as JSON reads it back
             "triton_version": triton.__version__,
         }
+        if passes:
+            meta["ptx_passes"] = removed  # what each pass removed (a count), or {} from Triton's cache
         cubin, ptx = compiled.asm["cubin"], compiled.asm["ptx"]
         tmp = entry_dir.with_name(entry_dir.name + f".tmp{os.getpid()}")
         tmp.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,88 @@
+"""aot_build/ptx_passes.py: which warpgroup barriers the PTX rewrite drops and which it keeps, on
+small PTX texts (fast), and on the Hopper forward as the build compiles it (slow tier)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from aot_build import grid
+from aot_build.compiler import compile_variant
+from aot_build.ptx_passes import drop_warpgroup_syncs, passes_for
+
+INIT = "\t@%p1 mbarrier.init.shared::cta.b64 [%r1], 2;\n"
+WAIT = ("\tbar.sync \t0, 128;\n\t// begin inline asm\n\t\n{\n\t.reg .pred complete;\n\twaitLoop:\n"
+        "\tmbarrier.try_wait.parity.shared.b64 complete, [%r2], %r3;\n\t@!complete bra.uni waitLoop;\n}\n")
+ARRIVE = ("\twgmma.wait_group.sync.aligned 0;\n\tbar.sync \t2, 128;\n\tadd.s32 \t%r9, %r8, 1;\n"
+          "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9];\n")
+STORE = ("\tstmatrix.sync.aligned.m8n8.x4.shared.b16 [%r5], {%r6, %r7, %r8, %r9};\n"
+         "\tfence.proxy.async.shared::cta;\n\tbar.sync \t0, 128;\n"
+         "\t@%p5 cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r1, %r2}], [%r5];\n")
+
+
+def _syncs(ptx: str) -> int:
+    return len(re.findall(r"bar\.sync", ptx))
+
+
+def test_drops_the_barrier_before_a_wait_and_an_arrive():
+    ptx = INIT + WAIT + ARRIVE
+    out, dropped = drop_warpgroup_syncs(ptx)
+    assert dropped == 2 and _syncs(out) == 0
+    assert "mbarrier.try_wait" in out and "mbarrier.arrive" in out and "add.s32" in out
+
+
+def test_keeps_barriers_that_guard_anything_else():
+    # The epilogue's barrier before a TMA store, a CTA-wide barrier, one before a branch (its
+    # target is not looked at), and the barrier after the mbarriers are made.
+    ptx = (INIT + "\tbar.sync \t0, 128;\n" + INIT + STORE + "\tbar.sync \t0;\n" + ARRIVE.replace("bar.sync \t2, 128", "bar.sync \t0")
+           + "\tbar.sync \t2, 128;\n\tbra.uni \t$L__BB0_3;\n$L__BB0_3:\n" + ARRIVE.split("\tbar.sync")[0]
+           + "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9];\n")
+    out, dropped = drop_warpgroup_syncs(ptx)
+    assert dropped == 0 and out == ptx
+
+
+@pytest.mark.parametrize("access", [
+    "\tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r7];\n",
+    "\tld.shared.v2.b32 \t{%r1, %r2}, [%r114+131808];\n",
+    "\tst.shared.b32 \t[%r448+114688], %r5977;\n",
+])
+def test_a_kernel_whose_threads_use_shared_memory_is_left_whole(access):
+    # Each warp's own shared-memory reads or writes: only the barrier makes one thread's release
+    # (or the next write) safe for every warp.
+    ptx = INIT + access + WAIT + ARRIVE
+    assert drop_warpgroup_syncs(ptx) == (ptx, 0)
+    # Before the mbarriers exist (the TMA descriptors' fill), the same access does not count.
+    assert drop_warpgroup_syncs(access + INIT + WAIT + ARRIVE)[1] == 2
+
+
+def test_only_the_hopper_forward_has_passes():
+    assert [p.__name__ for p in passes_for("attn_fwd_sm90")] == ["drop_warpgroup_syncs"]
+    assert passes_for("attn_bwd_dkdv_sm90") == () and passes_for("attn_fwd") == ()
+
+
+def _forward_variant(score_mod: int, head_dim: str = "128"):
+    return next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": head_dim})
+                if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and not v.constant_dict["FP8"]
+                and v.constant_dict["SCORE_MOD"] == score_mod)
+
+
+@pytest.mark.slow
+def test_the_hopper_forward_loses_its_consumers_barriers_and_keeps_the_rest(tmp_path):
+    from triton_src.variants import BIAS_TMA, PLAIN
+
+    plain = compile_variant(_forward_variant(PLAIN), shared_limit=232448, cache_dir=tmp_path)
+    lines = [line.split("//")[0].strip() for line in plain.ptx.splitlines()]
+    code = [line for line in lines if line and line not in ("{", "}") and not line.startswith(".reg")]
+    # No warpgroup barrier directly before an mbarrier wait or arrive, in either consumer.
+    for i, line in enumerate(code[:-1]):
+        if re.match(r"bar\.sync\s+\d+,\s*128;", line):
+            assert not re.search(r"mbarrier\.(try_wait|arrive)\b", code[i + 1]), code[i - 2:i + 2]
+    assert plain.meta["ptx_passes"]["drop_warpgroup_syncs"] >= 16
+    # Kept: the epilogue's barriers around the O tile in shared memory, and those after the
+    # mbarriers are made.
+    assert sum(code[i - 1].startswith("fence.proxy.async") for i, line in enumerate(code) if "bar.sync" in line) >= 2
+    assert _syncs(plain.ptx) >= 10
+    # A bias read by each thread from its TMA tile: the barriers stay.
+    bias = compile_variant(_forward_variant(BIAS_TMA.value), shared_limit=232448, cache_dir=tmp_path)
+    assert bias.meta["ptx_passes"] == {"drop_warpgroup_syncs": 0}

@@ -47,14 +47,16 @@ def caption(runs, *names) -> str:
             f"{run['versions'].get('fattn_kernels_triton', '?')}, bf16; one run each: {files}.\n\n")
 
 
-def peers_table(runs) -> str:
+def peers_table(runs, seqlens=None) -> str:
     """Training rows: fattn's TFLOP/s and its ratio to each peer, forward then backward, and the
-    ratio to the faster of cuDNN and FA4 (the bar: at least 1)."""
+    ratio to the faster of cuDNN and FA4 (the bar: at least 1); only `seqlens` where given."""
     head = ["case", "pass", "fattn TFLOP/s"] + [f"vs {n}" for n in PEER_NAMES.values()] + ["vs best of cuDNN, FA4"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_pass = {p: {(r["head_dim"], r["seqlen"], r["causal"]): r for r in runs[p]["rows"] if r["impl"] == "fattn"}
                for p in ("forward", "backward")}
     for key in sorted(by_pass["forward"], key=lambda k: (k[0], k[1], k[2])):
+        if seqlens is not None and key[1] not in seqlens:
+            continue
         for p in ("forward", "backward"):
             row = by_pass[p].get(key)
             if row is None or not row["ms"]:
@@ -122,7 +124,9 @@ def fp8_table(runs) -> str:
 
 
 TABLES = {
-    "peers-h200": lambda r: caption(r, "forward", "backward") + peers_table(r),
+    # The front page: three lengths; docs/performance.md: every length the runs hold.
+    "peers-h200": lambda r: caption(r, "forward", "backward") + peers_table(r, seqlens=(1024, 4096, 16384)),
+    "peers-h200-all": lambda r: caption(r, "forward", "backward") + peers_table(r),
     "variants-h200": lambda r: caption(r, "variants") + variants_table(r),
     "decode-h200": lambda r: caption(r, "decode") + decode_table(r),
     "fp8-h200": lambda r: caption(r, "fp8") + fp8_table(r),

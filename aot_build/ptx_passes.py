@@ -90,8 +90,12 @@ def passes_digest() -> str:
 
 def stages_hook(passes: tuple, counts: dict):
     """Triton's add_stages_inspection_hook: the PTX stage's output goes through `passes` before
-    ptxas sees it; `counts` receives what each removed."""
-    def hook(backend, stages, options, language, capability):
+    ptxas sees it; `counts` receives what each removed. Called without arguments (Triton 3.9 and
+    later, for its cache key) it returns a key and a hash naming the passes."""
+    def hook(backend=None, stages=None, options=None, language=None, capability=None):
+        if stages is None:
+            key = "fattn-ptx-passes-" + "-".join(p.__name__ for p in passes) + "-" + passes_digest()
+            return key, passes_digest()
         make_ptx = stages["ptx"]
 
         def ptx_stage(src, metadata):

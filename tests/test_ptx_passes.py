@@ -86,3 +86,16 @@ def test_the_hopper_forward_loses_its_consumers_barriers_and_keeps_the_rest(tmp_
     # A bias read by each thread from its TMA tile: the barriers stay.
     bias = compile_variant(_forward_variant(BIAS_TMA.value), shared_limit=232448, cache_dir=tmp_path)
     assert bias.meta["ptx_passes"] == {"drop_warpgroup_syncs": 0}
+
+
+def test_the_stages_hook_rewrites_the_ptx_stage_and_names_itself_for_the_cache():
+    from aot_build.ptx_passes import passes_digest, stages_hook
+
+    counts: dict = {}
+    hook = stages_hook((drop_warpgroup_syncs,), counts)
+    stages = {"ptx": lambda src, metadata: INIT + WAIT + ARRIVE, "cubin": None}
+    hook(None, stages, None, None, 90)
+    assert _syncs(stages["ptx"]("src", {})) == 0 and counts == {"drop_warpgroup_syncs": 2}
+    # Triton 3.9 and later call it without arguments for a key that keeps its cache apart.
+    key, digest = hook()
+    assert digest == passes_digest() and "drop_warpgroup_syncs" in key and digest in key

@@ -39,6 +39,10 @@ class Artifact:
     cached: bool
 
 
+# The caller's own TRITON_CACHE_DIR, if any, before compile_variant sets it.
+_CALLERS_TRITON_CACHE = os.environ.get("TRITON_CACHE_DIR")
+
+
 def _kernel_source_digest() -> str:
     h = hashlib.sha256()
     for path in sorted(KERNEL_DIR.rglob("*.py")):
@@ -94,9 +98,10 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
     else:
         name = variant.implementation or variant.kernel
         passes = ptx_passes.passes_for(name)
-        # Keep Triton's own cache inside ours so builds never touch ~/.triton. Its key does not
-        # see the PTX passes, so kernels with passes keep theirs apart, by the passes' digest.
-        triton_cache = cache_dir / "triton"
+        # Keep Triton's own cache inside ours (or where the caller's TRITON_CACHE_DIR says) so
+        # builds never touch ~/.triton. Triton 3.6's key does not see the PTX passes, so kernels
+        # with passes keep theirs apart, by the passes' digest.
+        triton_cache = Path(_CALLERS_TRITON_CACHE) if _CALLERS_TRITON_CACHE else cache_dir / "triton"
         if passes:
             triton_cache = triton_cache / f"ptx-passes-{ptx_passes.passes_digest()}"
         os.environ["TRITON_CACHE_DIR"] = str(triton_cache)
@@ -104,13 +109,15 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
         signature, attrs = triton_signature(name, variant.dtype)
         src = _source_class(fn)(fn, signature, variant.constant_dict, attrs)
         removed: dict = {}
+        # A process-wide knob: the build compiles one variant at a time per process.
+        callers_hook = triton.knobs.runtime.add_stages_inspection_hook
         triton.knobs.runtime.add_stages_inspection_hook = ptx_passes.stages_hook(passes, removed) if passes else None
         try:
             compiled = triton.compile(src, target=GPUTarget("cuda", variant.arch, 32),
                                       options={"num_warps": variant.num_warps,
                                                "num_stages": variant.num_stages})
         finally:
-            triton.knobs.runtime.add_stages_inspection_hook = None
+            triton.knobs.runtime.add_stages_inspection_hook = callers_hook
         md = compiled.metadata
         meta = {
             "name": md.name, "shared": md.shared, "num_warps": md.num_warps,

@@ -12,30 +12,57 @@ key tile. The protocol does not need it:
   seen it complete every warp's part is done (the single-thread release of CUTLASS's
   PipelineTmaAsync and FlashAttention-3); or it passes the turn to the other warpgroup, which
   orders nothing in memory.
-The rewrite is refused, and the PTX kept whole, for a kernel whose threads read or write shared
-memory themselves once its mbarriers exist (a bias tile read by ldmatrix, say): there the barrier
-is what makes one thread's release speak for every warp's reads.
+A barrier goes only where, on every path into it, the last instruction that touches memory or
+synchronises is one of those the argument covers (_SAFE_BEFORE): a wgmma wait or issue, an
+mbarrier operation, a global load, another barrier. So the epilogue's barrier after each warp's
+own TMA store wait stays, as does the one after the mbarriers are made. The rewrite is refused,
+and the PTX kept whole, for a kernel whose threads read or write shared memory themselves once its
+mbarriers exist (a bias tile read by ldmatrix, a layout conversion through shared memory): there
+a barrier may be what makes one thread's release speak for every warp's reads, or the only one
+between one warp's read and another's write.
 """
 
 from __future__ import annotations
 
 import re
 
-# Register-only instructions that may sit between a barrier and the mbarrier operation it guards.
-_REGISTER_OPS = re.compile(r"^(@!?%p\d+\s+)?(mov|add|sub|mul|mad|shl|shr|and|or|xor|not|setp|selp|cvt|cvta|neg|min|max)\b")
+# Instructions that touch memory, synchronise the CTA or move control; every other one only
+# computes in registers (a warp's shuffles and votes included), and may sit between a barrier and
+# the instructions around it.
+_MEMORY_OR_CONTROL = re.compile(r"^(@!?%p\d+\s+)?(ld|st|atom|red|cp|mbarrier|bar|barrier|wgmma|fence|membar|tensormap"
+                                r"|stmatrix|ldmatrix|elect|griddepcontrol|setmaxnreg|bra|brx|ret|exit|call|prefetch"
+                                r"|discard|applypriority|createpolicy|multimem|mma|wmma|nanosleep|trap)\b")
 _WARPGROUP_SYNC = re.compile(r"^bar\.sync\s+\d+,\s*128;$")
 _MBARRIER_WAIT_OR_ARRIVE = re.compile(r"^(@!?%p\d+\s+)?mbarrier\.(try_wait|arrive)\.")
-# Shared-memory accesses by each thread: ldmatrix, and loads and stores at a computed address.
-# Not among them: the warp-specialization preamble's fixed `global_smem+offset` slots and its
-# one-byte dispatch load, and the epilogue's stmatrix (fenced and synchronised on its own before a
-# TMA store: that barrier precedes a TMA store or a branch, never an mbarrier operation, so it
-# stays). Descriptors written before the mbarriers are made are not looked at.
-_THREAD_SHARED = re.compile(r"\bldmatrix\b|\bld\.shared(::cta)?\.(?!b8\b)[\w.]*\s+[^\[]*\[\s*%r"
-                            r"|\bst\.shared(::cta)?\.[\w.]*\s+\[\s*%r")
+# What a dropped barrier may follow, on every path into it: the completion or the issue of the
+# warpgroup's wgmmas, an mbarrier operation (the end of an inline wait loop included), a load
+# from global memory, or another barrier. Anything else keeps the barrier: after the epilogue's
+# `cp.async.bulk.wait_group.read`, say, each warp has waited only for its own TMA store's reads
+# of the tile, and the barrier is what lets one thread then release the buffer for all of them.
+_SAFE_BEFORE = re.compile(r"^(@!?%p\d+\s+)?(wgmma\.wait_group|wgmma\.commit_group|mbarrier\.(arrive|try_wait)"
+                          r"|ld\.global|ld\.param|bar\.sync|barrier\.sync)\b|^@!complete bra\.uni waitLoop;$")
+_LABEL = re.compile(r"^(\$L\w+):")
+_BRANCH = re.compile(r"^(@!?%p\d+\s+)?bra(\.uni)?\s+(\$L\w+);$")
+_ENDS_BLOCK = re.compile(r"^(bra(\.uni)?\s+\$L\w+|ret|exit|brx\.idx\b.*);?$")
+# Shared-memory accesses by each thread: ldmatrix, atomics, and loads and stores at a computed
+# address. Not among them: the warp-specialization preamble's fixed `global_smem+offset` slots and
+# its one-byte dispatch load, and the epilogue's stmatrix (fenced and synchronised on its own
+# before a TMA store; the barriers around it never directly precede an mbarrier operation on
+# every path, _SAFE_BEFORE). Descriptors written before the mbarriers are made are not looked at.
+_THREAD_SHARED = re.compile(r"\bldmatrix\b|\b(atom|red)\.shared|\bcp\.async\.(ca|cg)\.shared"
+                            r"|\bld(\.volatile)?\.shared(::cta)?\.(?!b8\b)[\w.]*\s+[^\[]*\[\s*%r"
+                            r"|\bst(\.volatile)?\.shared(::cta)?\.[\w.]*\s+\[\s*%r")
 
 
 def _code(line: str) -> str:
     return line.split("//", 1)[0].strip()
+
+
+def _skipped(text: str) -> bool:
+    """Lines that neither order memory nor end a block: blanks, inline assembly's braces, its
+    predicate declaration and wait-loop label, register arithmetic."""
+    return (not text or text in ("{", "}") or text.startswith(".reg") or text == "waitLoop:"
+            or not (_MEMORY_OR_CONTROL.match(text) or text.endswith(":") or text.startswith(".")))
 
 
 def _accesses_shared_by_thread(lines: list[str]) -> bool:
@@ -46,26 +73,81 @@ def _accesses_shared_by_thread(lines: list[str]) -> bool:
 def _next_instruction(lines: list[str], i: int) -> str:
     for line in lines[i + 1:]:
         text = _code(line)
-        # Inline assembly's braces, its predicate declaration and a wait loop's label.
-        if (not text or text in ("{", "}") or text.startswith(".reg") or text.endswith(":")
-                or _REGISTER_OPS.match(text)):
-            continue
-        return text
+        if not _skipped(text):
+            return text
     return ""
+
+
+def _branch_sources(lines: list[str]) -> dict[str, list[int]]:
+    """Label -> the lines that branch to it; a label in a brx.idx table maps to [-1] (unknown)."""
+    sources: dict[str, list[int]] = {}
+    in_table = False
+    for i, line in enumerate(lines):
+        text = _code(line)
+        if ".branchtargets" in text:
+            in_table = True
+        if in_table:
+            for label in re.findall(r"\$L__\w+", text.split(".branchtargets")[-1]):
+                sources.setdefault(label, []).append(-1)
+            in_table = not text.endswith(";")
+            continue
+        branch = _BRANCH.match(text)
+        if branch:
+            sources.setdefault(branch.group(3), []).append(i)
+    return sources
+
+
+def _instructions_before(lines: list[str], i: int, sources: dict[str, list[int]]) -> list[str] | None:
+    """The instruction that runs last before line i on each path into it (past register
+    arithmetic, labels and the branches that only pass control), or None where a path cannot be
+    followed (the kernel's entry, a computed branch)."""
+    found, todo, seen = [], [i - 1], set()
+    while todo:
+        j = todo.pop()
+        while True:
+            if j < 0 or j in seen:
+                if j < 0:
+                    return None
+                break
+            seen.add(j)
+            text = _code(lines[j])
+            label = _LABEL.match(text)
+            if label:
+                branches = sources.get(label.group(1), [])
+                if -1 in branches:
+                    return None
+                todo.extend(b - 1 for b in branches)  # the branch itself orders nothing
+                k = j - 1
+                while k >= 0 and _skipped(_code(lines[k])):
+                    k -= 1
+                if k >= 0 and _ENDS_BLOCK.match(_code(lines[k])):
+                    break  # no fall-through into the label
+                j -= 1
+                continue
+            if _skipped(text) or (_BRANCH.match(text) and text.startswith("@")):
+                j -= 1  # a conditional branch not taken passes control on
+                continue
+            found.append(text)
+            break
+    return found
 
 
 def drop_warpgroup_syncs(ptx: str) -> tuple[str, int]:
     """(PTX, barriers removed): every `bar.sync id, 128` whose next instruction, past register
-    arithmetic, is an mbarrier wait or arrive; (ptx, 0) for a kernel whose threads access shared
-    memory themselves once its mbarriers exist."""
+    arithmetic, is an mbarrier wait or arrive, and whose previous instruction on every path is one
+    _SAFE_BEFORE names; (ptx, 0) for a kernel whose threads access shared memory themselves once
+    its mbarriers exist."""
     lines = ptx.splitlines(keepends=True)
     if _accesses_shared_by_thread(lines):
         return ptx, 0
+    sources = _branch_sources([_code(line) for line in lines])
     kept, dropped = [], 0
     for i, line in enumerate(lines):
         if _WARPGROUP_SYNC.match(_code(line)) and _MBARRIER_WAIT_OR_ARRIVE.match(_next_instruction(lines, i)):
-            dropped += 1
-            continue
+            before = _instructions_before(lines, i, sources)
+            if before is not None and all(_SAFE_BEFORE.match(text) for text in before):
+                dropped += 1
+                continue
         kept.append(line)
     return "".join(kept), dropped
 

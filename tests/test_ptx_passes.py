@@ -9,9 +9,11 @@ import pytest
 
 from aot_build import grid
 from aot_build.compiler import compile_variant
-from aot_build.ptx_passes import drop_warpgroup_syncs, passes_for
+from aot_build.ptx_passes import _next_instruction, drop_warpgroup_syncs, passes_for
 
-INIT = "\t@%p1 mbarrier.init.shared::cta.b64 [%r1], 2;\n"
+# The mbarriers made, then (as at a consumer's start) a load from global memory: a barrier right
+# after an init stays (the init must be seen by every thread), one after the load may go.
+INIT = "\t@%p1 mbarrier.init.shared::cta.b64 [%r1], 2;\n\t@%p3 ld.global.b32 { %r4 }, [ %rd5 + 0 ];\n"
 WAIT = ("\tbar.sync \t0, 128;\n\t// begin inline asm\n\t\n{\n\t.reg .pred complete;\n\twaitLoop:\n"
         "\tmbarrier.try_wait.parity.shared.b64 complete, [%r2], %r3;\n\t@!complete bra.uni waitLoop;\n}\n")
 ARRIVE = ("\twgmma.wait_group.sync.aligned 0;\n\tbar.sync \t2, 128;\n\tadd.s32 \t%r9, %r8, 1;\n"
@@ -40,6 +42,27 @@ def test_keeps_barriers_that_guard_anything_else():
            + "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9];\n")
     out, dropped = drop_warpgroup_syncs(ptx)
     assert dropped == 0 and out == ptx
+
+
+def test_keeps_the_barrier_after_each_warps_own_tma_store_wait():
+    # The O-in-Q's-buffer epilogue: each warp waits for its own TMA store's reads, and only the
+    # barrier lets thread 0 then release Q's buffer for all four warps.
+    epilogue = ("\tcp.async.bulk.wait_group.read \t0;\n\tbar.sync \t2, 128;\n"
+                "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9];\n")
+    ptx = INIT + epilogue
+    assert drop_warpgroup_syncs(ptx) == (ptx, 0)
+    assert drop_warpgroup_syncs(INIT + WAIT + epilogue)[1] == 1  # the wait's barrier alone goes
+
+
+def test_every_path_into_a_barrier_must_be_safe():
+    # The loop head's barrier has two ways in: after an mbarrier arrive (safe) and, by a branch,
+    # after a TMA store wait (not): it stays. With both ways safe, it goes.
+    def head(other):
+        return (INIT + "\t@%p2 bra \t$L__BB0_7;\n" + other + "\tbra.uni \t$L__BB0_8;\n$L__BB0_7:\n"
+                "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9];\n$L__BB0_8:\n" + WAIT)
+    unsafe = head("\tcp.async.bulk.wait_group.read \t0;\n")
+    assert drop_warpgroup_syncs(unsafe) == (unsafe, 0)
+    assert drop_warpgroup_syncs(head("\twgmma.wait_group.sync.aligned 0;\n"))[1] == 1
 
 
 @pytest.mark.parametrize("access", [
@@ -83,6 +106,16 @@ def test_the_hopper_forward_loses_its_consumers_barriers_and_keeps_the_rest(tmp_
     # mbarriers are made.
     assert sum(code[i - 1].startswith("fence.proxy.async") for i, line in enumerate(code) if "bar.sync" in line) >= 2
     assert _syncs(plain.ptx) >= 10
+    # d256 stages O in Q's buffer: the barrier between each warp's TMA store wait and thread 0's
+    # release of the buffer stays (twice: one per consumer).
+    wide = compile_variant(_forward_variant(PLAIN, "256"), shared_limit=232448, cache_dir=tmp_path)
+    code = [line for line in (raw.split("//")[0].strip() for raw in wide.ptx.splitlines())
+            if line and line not in ("{", "}") and not line.startswith(".reg")]
+    kept = [i for i, line in enumerate(code[:-1]) if line.startswith("cp.async.bulk.wait_group.read")
+            and re.match(r"bar\.sync\s+\d+,\s*128;", code[i + 1])
+            and "mbarrier.arrive" in _next_instruction(code, i + 1)]
+    assert len(kept) == 2
+    assert wide.meta["ptx_passes"]["drop_warpgroup_syncs"] >= 12
     # A bias read by each thread from its TMA tile: the barriers stay.
     bias = compile_variant(_forward_variant(BIAS_TMA.value), shared_limit=232448, cache_dir=tmp_path)
     assert bias.meta["ptx_passes"] == {"drop_warpgroup_syncs": 0}

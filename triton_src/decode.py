@@ -286,17 +286,18 @@ def rotate_queries(
 
 
 @triton.jit
-def _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N: tl.constexpr,
+def _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, key_lo, BLOCK_N: tl.constexpr,
                      PAGED: tl.constexpr, PAGE_TILES: tl.constexpr):
     """(page, slot) of the keys of the chunk's key tile `tile`, clamped onto the chunk's last key
     (in bounds, on a mapped page: this also serves the lookahead past the last tile). With
     PAGE_TILES (the chunk's tiles start on multiples of BLOCK_N, which divides page_size) the tile
-    lies in one page, looked up once (_tile_page)."""
+    lies in one page, looked up once (_tile_page), and its keys before key_lo (the first a row may
+    see; the slots before it may be padding) read key_lo's slot, in the same page."""
     first = start + tile * BLOCK_N
     if PAGE_TILES:
         last = tl.maximum(stop - 1, 0)
         col, page = _tile_page(BlockTable, table_row, first, last, page_size)
-        slot = (tl.minimum(first + offs_n, last) - col * page_size).to(tl.int64)
+        slot = (tl.minimum(tl.maximum(first + offs_n, key_lo), last) - col * page_size).to(tl.int64)
     else:
         page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(first + offs_n, stop - 1), 0),
                                 page_size, PAGED)
@@ -307,7 +308,7 @@ def _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n
 def _wide_key_tiles(
     acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    start, stop, first_tile, num_tiles, skip_at, skip, page_size, offs_n, offs_d, d_ok,
+    start, stop, key_lo, first_tile, num_tiles, skip_at, skip, page_size, offs_n, offs_d, d_ok,
     token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr, MASKED: tl.constexpr,
     MODS: tl.constexpr, PAGE_TILES: tl.constexpr,
@@ -319,15 +320,15 @@ def _wide_key_tiles(
     unused). Where a tile's keys live is looked up one tile ahead (loop-carried), so the K/V
     loads do not wait on the block table and Triton pipelines them (docs/notes/decode.md D2)."""
     tile = first_tile + tl.where(0 >= skip_at, skip, 0)
-    page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED,
-                                  PAGE_TILES)
+    page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, key_lo, BLOCK_N,
+                                  PAGED, PAGE_TILES)
     for i in range(0, num_tiles):
         cols = start + tile * BLOCK_N + offs_n
         k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
         tile = first_tile + i + 1 + tl.where(i + 1 >= skip_at, skip, 0)
-        page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, BLOCK_N, PAGED,
-                                      PAGE_TILES)
+        page, slot = _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, key_lo,
+                                      BLOCK_N, PAGED, PAGE_TILES)
         if PAD_D:
             k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
         else:
@@ -364,6 +365,7 @@ def _wide_chunk(
     keys with it. Two loops only: each pipelined loop holds shared memory of its own. With
     PAGE_TILES the tiles start on multiples of BLOCK_N, as the decoding tile's do (the keys
     before `lo` this adds fall in the masked edge loop)."""
+    key_lo = lo
     if PAGE_TILES:
         lo = lo - lo % BLOCK_N
     chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
@@ -382,15 +384,15 @@ def _wide_chunk(
     num_full = full_end - full_first
     acc, l_i, m_i = _wide_key_tiles(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-        stride_vb, stride_vs, stride_vh, start, stop, full_first, num_full, num_full, 0, page_size, offs_n,
+        stride_vb, stride_vs, stride_vh, start, stop, key_lo, full_first, num_full, num_full, 0, page_size, offs_n,
         offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
         BLOCK_N, PAGED, PAD_D, False, MODS, PAGE_TILES)
     # The edges: tiles [0, full_first) and [full_end, num_tiles).
     return _wide_key_tiles(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-        stride_vb, stride_vs, stride_vh, start, stop, 0, full_first + num_tiles - full_end, full_first, num_full,
-        page_size, offs_n, offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi,
-        alibi_log2, BLOCK_N, PAGED, PAD_D, True, MODS, PAGE_TILES)
+        stride_vb, stride_vs, stride_vh, start, stop, key_lo, 0, full_first + num_tiles - full_end, full_first,
+        num_full, page_size, offs_n, offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2,
+        use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D, True, MODS, PAGE_TILES)
 
 
 @triton.jit
@@ -513,6 +515,7 @@ def attn_decode_split(
         # loads stay in bounds and on a mapped page, and their scores are masked. The page
         # numbers of a tile are loaded one tile ahead, so the K/V loads do not wait on the
         # block table (that lets Triton pipeline them).
+        first = lo  # the first key a row may see: the slots before it may be padding (cache_leftpad)
         if PAGE_TILES:  # tiles start on multiples of BLOCK_N, so none straddles a page
             lo = lo - lo % BLOCK_N
         chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
@@ -528,7 +531,9 @@ def attn_decode_split(
             cols = start_n + offs_n
             col_ok = cols < stop
             if PAGE_TILES:
-                slot = (tl.minimum(cols, last) - col * page_size).to(tl.int64)  # keys past stop: the last one
+                # Keys before `first` read its slot (the same page: BLOCK_N divides page_size), keys
+                # past stop the last one's: masked either way, and never padding's NaN times p = 0.
+                slot = (tl.minimum(tl.maximum(cols, first), last) - col * page_size).to(tl.int64)
                 col, next_page = _tile_page(BlockTable, table_row, start_n + BLOCK_N, last, page_size)
             k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
             v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh

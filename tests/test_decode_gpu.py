@@ -181,8 +181,8 @@ def test_num_splits_agree(page_size):
 def test_paged_chunk_runs_the_row_tile_of_a_contiguous_one(page_size, softcap):
     # A query chunk runs the wide row tile whatever the cache's layout: a paged cache whose tiled
     # variant is missing or whose pages are shorter than a key tile steps down to per-key lookups at
-    # the same row tile, never to the decoding tile (about 9x the time for a 2k chunk). The row tile
-    # is read from the split kernel's grid: y = kv_heads * ceil(seqlen_q * group / BLOCK_M).
+    # the same row tile, never to the decoding tile (6.8x the time for a 2k chunk, decode.md D17).
+    # The row tile is read from the split kernel's grid: y = kv_heads * ceil(seqlen_q * group / BLOCK_M).
     lengths, sq, heads, kv_heads, d = [700, 3000], 200, 16, 4, 128
     grids = {}
     for paged in (None, page_size):

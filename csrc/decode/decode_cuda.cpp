@@ -188,14 +188,17 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   // padded view) runs the padded code rather than a copy of the whole cache per call.
   const bool exact_dim = fp8 == 0 || (meets_stride_multiple(k_cache, 16) && meets_stride_multiple(v_cache, 16));
   // Preferences, best first: this row tile looking a paged cache's pages up once per key tile
-  // (1.04-1.12x as fast as the per-key lookups for decoding on the H200, docs/notes/decode.md D16;
-  // the build has it for 16-bit caches, configs.json), the same tile with per-key lookups, then the
-  // decoding tile. Each step down is taken only where the build lacks the one above, so a missing
-  // variant never silently trades the wide tile for the narrow one.
+  // (1.04-1.12x as fast as the per-key lookups for decoding on the H200, 1.34-1.39x for query
+  // chunks, docs/notes/decode.md D16-D17; the build has it for 16-bit caches, configs.json), the
+  // same tile with per-key lookups, then the decoding tile, with page tiles before without. Each
+  // step down is taken only where the build lacks the one above, so a missing variant never
+  // silently trades the wide tile for the narrow one (sm_75 builds no wide tile).
   const attn_decode_split::Flags tiled{.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = s.paged};
   const attn_decode_split::Flags per_key{.PAGED = s.paged, .WIDE = wide, .KV_FP8 = fp8, .PAGE_TILES = false};
+  const attn_decode_split::Flags narrow_tiled{.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8, .PAGE_TILES = s.paged};
   const attn_decode_split::Flags narrow{.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8, .PAGE_TILES = false};
-  auto split = choose_first<attn_decode_split>(kOp, device, dtype, s.head_dim, {tiled, per_key, narrow}, exact_dim);
+  auto split = choose_first<attn_decode_split>(kOp, device, dtype, s.head_dim, {tiled, per_key, narrow_tiled, narrow},
+                                               exact_dim);
   // Page tiles need pages that hold whole key tiles.
   if (split.constant(attn_decode_split::PAGE_TILES) != 0 &&
       s.page_size % split.constant(attn_decode_split::BLOCK_N) != 0) {

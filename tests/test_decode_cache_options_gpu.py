@@ -53,6 +53,7 @@ def test_query_lengths_with_every_option(seqlen_q, page_size):
     cos, sin = _tables(cache.capacity + 1, 64, dtype)
     interleaved = seqlen_q % 2 == 1
     leftpad = seqlens_tensor([0, 100, 2500], DEV)
+    cache.fill_padding(leftpad.tolist())  # NaN there must reach no output
     run_decode(q, cache, seqlens_tensor(lengths, DEV), k, v, what=f"sq={seqlen_q} page={page_size}", causal=True,
                rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, cache_leftpad=leftpad)
 

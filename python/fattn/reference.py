@@ -279,6 +279,9 @@ def kvcache_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None,
             keys, values = dequantized(keys, k_descale, b), dequantized(values, v_descale, b)
         keys = keys.to(dtype)
         values = values.to(dtype)
+        if first_keys[b] > 0:  # hidden keys: whatever the padding holds (NaN included) reaches nothing
+            hidden = (torch.arange(seqlen_k, device=q.device) < first_keys[b])[:, None, None]
+            keys, values = keys.masked_fill(hidden, 0.0), values.masked_fill(hidden, 0.0)
         qb = q[b].to(dtype).reshape(seqlen_q, kv_heads, group, head_dim)
         scores = torch.einsum("qhgd,khd->hgqk", qb, keys) * scale  # [kv_heads, group, seqlen_q, seqlen_k]
         slopes = None if alibi_slopes is None else \

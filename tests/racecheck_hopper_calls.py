@@ -1,9 +1,9 @@
 """One call that runs one Hopper (Gluon, warp-specialized) kernel variant, for
 test_hardening_gpu.py to put under compute-sanitizer's racecheck by itself:
 
-    python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | forward-d96 | forward-d192 | backward-d64 |
-                                           backward-d64-deterministic | backward-d96 | backward-d128-softcap |
-                                           backward-d256 | dq-d128 | forward-d128-bias |
+    python tests/racecheck_hopper_calls.py forward-d128 | forward-d64 | forward-d96 | forward-d192 | forward-d256 |
+                                           backward-d64 | backward-d64-deterministic | backward-d96 |
+                                           backward-d128-softcap | backward-d256 | dq-d128 | forward-d128-bias |
                                            backward-d128-bias | dq-d128-bias
 
 Prints the variant's shared-memory size (from fattn.build_info) as `shared <bytes>`, and for a call
@@ -28,6 +28,8 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
     # The split buckets: two head-dim pieces per tile on the same mbarriers.
     "forward-d96": (96, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 96, "SCORE_MOD": "plain"}),
     "forward-d192": (192, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 192, "SCORE_MOD": "plain"}),
+    # O staged in Q's buffer (O_IN_Q_BUFFER): each warp's TMA store reads it before Q's release.
+    "forward-d256": (256, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 256, "SCORE_MOD": "plain"}),
     "backward-d64": (64, True, False, 0.0, "attn_bwd_dkdv_sm90",
                      {"BLOCK_D": 64, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 1}),
     "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90",

@@ -223,8 +223,8 @@ def test_compute_sanitizer_finds_nothing(tool):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer (CUDA toolkit) not on PATH")
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                     reason="needs a CUDA GPU of sm_90 (the Hopper kernels)")
-@pytest.mark.parametrize("call", ["forward-d128", "forward-d64", "forward-d96", "forward-d192", "backward-d64",
-                                  "backward-d64-deterministic", "backward-d96",
+@pytest.mark.parametrize("call", ["forward-d128", "forward-d64", "forward-d96", "forward-d192", "forward-d256",
+                                  "backward-d64", "backward-d64-deterministic", "backward-d96",
                                   "backward-d128-softcap", "backward-d256", "dq-d128", "forward-d128-bias",
                                   "backward-d128-bias", "dq-d128-bias"])
 def test_racecheck_finds_nothing_in_the_hopper_kernels_own_shared_memory(call):

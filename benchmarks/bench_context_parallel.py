@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ring import end_group, fwd_bwd, start_group, timed  # noqa: E402  (the group; the slowest rank's time; a step)
+from bench_ring import end_group, fwd_bwd, leave, start_group, timed  # noqa: E402  (torchrun group, timing, a step)
 from common import Results, int_list, print_table, short_error  # noqa: E402
 
 import fattn  # noqa: E402
@@ -121,3 +121,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -24,7 +24,10 @@ between one warp's read and another's write.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
+from pathlib import Path
 
 # Instructions that touch memory, synchronise the CTA or move control; every other one only
 # computes in registers (a warp's shuffles and votes included), and may sit between a barrier and
@@ -105,9 +108,9 @@ def _instructions_before(lines: list[str], i: int, sources: dict[str, list[int]]
     while todo:
         j = todo.pop()
         while True:
-            if j < 0 or j in seen:
-                if j < 0:
-                    return None
+            if j < 0:
+                return None
+            if j in seen:
                 break
             seen.add(j)
             text = _code(lines[j])
@@ -140,7 +143,7 @@ def drop_warpgroup_syncs(ptx: str) -> tuple[str, int]:
     lines = ptx.splitlines(keepends=True)
     if _accesses_shared_by_thread(lines):
         return ptx, 0
-    sources = _branch_sources([_code(line) for line in lines])
+    sources = _branch_sources(lines)
     kept, dropped = [], 0
     for i, line in enumerate(lines):
         if _WARPGROUP_SYNC.match(_code(line)) and _MBARRIER_WAIT_OR_ARRIVE.match(_next_instruction(lines, i)):
@@ -162,11 +165,9 @@ def passes_for(kernel: str) -> tuple:
     return PASSES.get(kernel, ())
 
 
+@functools.lru_cache(maxsize=None)
 def passes_digest() -> str:
     """Changes whenever a pass may: part of the build cache's key of every kernel with passes."""
-    import hashlib
-    from pathlib import Path
-
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 

@@ -68,6 +68,10 @@ CASES = [
     ("paged16-wide-mods-24q-causal-softcap-alibi-3splits", 24, 8, 2, 16, 16, 3, True, (-1, -1), 4.0, 3),
     ("paged32-wide-20q-window-leftpad-2splits", 20, 8, 2, 16, 32, 2, False, (30, 3), 0.0, 2),
     ("paged16-wide-keytiles32-20q-causal-leftpad-2splits", 20, 4, 2, 16, 16, 2, True, (-1, -1), 0.0, 2),
+    # More queries than visible keys: the first row tile's keys [lo, hi) are empty, lo inside a
+    # page tile whose aligned start lies in the padding (NaN there)
+    ("paged16-causal-leftpad-gqa4-16q-1split", 16, 8, 2, 16, 16, 0, True, (-1, -1), 0.0, 1),
+    ("paged16-wide-48q-causal-leftpad-1split", 48, 4, 2, 16, 16, 2, True, (-1, -1), 0.0, 1),
     # FP8 caches (KV_FP8 1: e4m3, 2: e5m2), with descales unless named *kdescale* (k's only)
     ("fp8-e4m3-contiguous-gqa4-3splits", 2, 8, 2, 32, None, 2, True, (-1, -1), 0.0, 3),
     ("fp8-e5m2-paged16-window-softcap-1split", 3, 4, 4, 16, 16, 1, False, (7, 1), 3.0, 1),

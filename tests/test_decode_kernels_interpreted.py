@@ -23,7 +23,7 @@ def interpreted():
 
 def test_every_case_ran(interpreted):
     seed, rows = interpreted
-    assert len(rows) == 24, f"seed {seed}: {sorted(rows)}"
+    assert len(rows) == 26, f"seed {seed}: {sorted(rows)}"
     # The batch holds an empty sequence (no append): its rows must come out empty.
     assert rows["paged16-mha-3splits"]["empty_rows"] > 0
 
@@ -38,6 +38,7 @@ def test_every_case_ran(interpreted):
     "paged16-rotary-neox-noncausal-leftpad", "paged16-wide-40q-causal-rotary-neox-2splits",
     "contiguous-wide-33q-window-batchidx-leftpad", "paged16-wide-mods-24q-causal-softcap-alibi-3splits",
     "paged32-wide-20q-window-leftpad-2splits", "paged16-wide-keytiles32-20q-causal-leftpad-2splits",
+    "paged16-causal-leftpad-gqa4-16q-1split", "paged16-wide-48q-causal-leftpad-1split",
     "fp8-e4m3-contiguous-gqa4-3splits", "fp8-e5m2-paged16-window-softcap-1split",
     "fp8-e4m3-contiguous-batchidx-leftpad-kdescale-2splits", "fp8-e4m3-paged16-bf16q-magnitudes-2splits",
 ])

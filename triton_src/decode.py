@@ -67,6 +67,21 @@ def _tile_page(BlockTable, table_row, first, last, page_size):
 
 
 @triton.jit
+def _split_keys(lo, hi, split, num_splits, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr):
+    """[start, stop): split `split`'s share of the keys [lo, hi), whole key tiles each. With
+    PAGE_TILES the tiles start on multiples of BLOCK_N, so none straddles a page; the keys this adds
+    before lo are masked and read lo's slot. An empty [lo, hi) stays empty: its aligned start may
+    lie in the left padding, whose slots may hold NaN, and no key of it is visible to read instead."""
+    if PAGE_TILES:
+        aligned = lo - lo % BLOCK_N
+        hi = tl.where(hi > lo, hi, aligned)
+        lo = aligned
+    chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    return start, tl.minimum(start + chunk, hi)
+
+
+@triton.jit
 def _cache_row(CacheBatchIdx, batch, use_batch_idx):
     """The contiguous cache's row of sequence `batch`: cache_batch_idx[batch] when given."""
     if use_batch_idx != 0:
@@ -365,12 +380,7 @@ def _wide_chunk(
     keys with it. Two loops only: each pipelined loop holds shared memory of its own. With
     PAGE_TILES the tiles start on multiples of BLOCK_N, as the decoding tile's do (the keys
     before `lo` this adds fall in the masked edge loop)."""
-    key_lo = lo
-    if PAGE_TILES:
-        lo = lo - lo % BLOCK_N
-    chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
-    start = lo + split * chunk
-    stop = tl.minimum(start + chunk, hi)
+    start, stop = _split_keys(lo, hi, split, num_splits, BLOCK_N, PAGE_TILES)
     # Keys every row of the tile sees: [full_lo, full_hi).
     full_lo = first_key
     if window_left >= 0:
@@ -384,13 +394,13 @@ def _wide_chunk(
     num_full = full_end - full_first
     acc, l_i, m_i = _wide_key_tiles(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-        stride_vb, stride_vs, stride_vh, start, stop, key_lo, full_first, num_full, num_full, 0, page_size, offs_n,
+        stride_vb, stride_vs, stride_vh, start, stop, lo, full_first, num_full, num_full, 0, page_size, offs_n,
         offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2, use_alibi, alibi_log2,
         BLOCK_N, PAGED, PAD_D, False, MODS, PAGE_TILES)
     # The edges: tiles [0, full_first) and [full_end, num_tiles).
     return _wide_key_tiles(
         acc, l_i, m_i, q, KCache, VCache, BlockTable, table_row, kv_head, stride_kb, stride_ks, stride_kh,
-        stride_vb, stride_vs, stride_vh, start, stop, key_lo, 0, full_first + num_tiles - full_end, full_first,
+        stride_vb, stride_vs, stride_vh, start, stop, lo, 0, full_first + num_tiles - full_end, full_first,
         num_full, page_size, offs_n, offs_d, d_ok, token, diagonal, row_lo, row_hi, qk_scale, softcap_log2,
         use_alibi, alibi_log2, BLOCK_N, PAGED, PAD_D, True, MODS, PAGE_TILES)
 
@@ -515,12 +525,7 @@ def attn_decode_split(
         # loads stay in bounds and on a mapped page, and their scores are masked. The page
         # numbers of a tile are loaded one tile ahead, so the K/V loads do not wait on the
         # block table (that lets Triton pipeline them).
-        first = lo  # the first key a row may see: the slots before it may be padding (cache_leftpad)
-        if PAGE_TILES:  # tiles start on multiples of BLOCK_N, so none straddles a page
-            lo = lo - lo % BLOCK_N
-        chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
-        start = lo + split * chunk
-        stop = tl.minimum(start + chunk, hi)
+        start, stop = _split_keys(lo, hi, split, num_splits, BLOCK_N, PAGE_TILES)
         if PAGE_TILES:
             last = tl.maximum(stop - 1, 0)
             col, page = _tile_page(BlockTable, table_row, start, last, page_size)
@@ -531,9 +536,10 @@ def attn_decode_split(
             cols = start_n + offs_n
             col_ok = cols < stop
             if PAGE_TILES:
-                # Keys before `first` read its slot (the same page: BLOCK_N divides page_size), keys
-                # past stop the last one's: masked either way, and never padding's NaN times p = 0.
-                slot = (tl.minimum(tl.maximum(cols, first), last) - col * page_size).to(tl.int64)
+                # Keys before `lo` (the first a row may see: the slots before it may be padding)
+                # read its slot, in the same page as BLOCK_N divides page_size; keys past stop the
+                # last one's. Masked either way, and never padding's NaN times p = 0.
+                slot = (tl.minimum(tl.maximum(cols, lo), last) - col * page_size).to(tl.int64)
                 col, next_page = _tile_page(BlockTable, table_row, start_n + BLOCK_N, last, page_size)
             k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
             v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh

@@ -14,6 +14,7 @@ GB/s of K+V read (2 * batch * context * 8 * 128 * 2 bytes, GB = 1e9), all of the
 
   fattn        fattn.flash_attn_with_kvcache on the contiguous cache [b, context, 8, 128]
   fattn_paged  the same keys over shuffled pages of --page-size tokens + a block_table
+               (--page-order in-order: the pages in order)
   sdpa_flash   F.scaled_dot_product_attention(q [b, 32, 1, 128], k/v [b, 8, L, 128] transposed
   sdpa_cudnn   views of the cache, enable_gqa=True) under sdpa_kernel(FLASH / CUDNN); a backend
                that refuses is recorded with its error
@@ -82,6 +83,9 @@ def parse_args(argv=None):
     p.add_argument("--contexts", default=None, help="contexts for every chosen batch, e.g. 4k,64k (default: "
                    + "; ".join(f"b{b}: {','.join(c)}" for b, c in DEFAULT_CASES.items()) + ")")
     p.add_argument("--page-size", type=int, default=256, help="tokens per page of the paged cache (multiple of 16)")
+    p.add_argument("--page-order", choices=["shuffled", "in-order"], default="shuffled",
+                   help="the paged cache's pages in shuffled physical order, or in order (the contiguous "
+                        "cache's layout behind a block table: what the shuffle itself costs)")
     p.add_argument("--num-splits", default="0", help="fattn num_splits; a comma list sweeps them (0 = automatic)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/decode.json"))
     p.add_argument("--no-graph", dest="graph", action="store_false", help="time eagerly, not CUDA-graph replays")
@@ -127,7 +131,8 @@ def dry_run(args):
         lines.append([b, fmt_size(ctx), f"{case['kv_bytes'] / 1e6:.1f}", case["copies"], case["calls"],
                       f"{mem / 1e9:.2f}", over])
     print_table(["batch", "context", "K+V MB", "copies", "calls", "mem GB", ""], lines, title="decode cases")
-    print(f"num_splits {args.splits}; page size {args.page_size}; {'graphs' if args.graph else 'eager'}; "
+    print(f"num_splits {args.splits}; page size {args.page_size} ({args.page_order}); "
+          f"{'graphs' if args.graph else 'eager'}; "
           f"reps {args.reps}; out {args.out}")
 
 
@@ -167,11 +172,11 @@ def measure(results, args, case, impl, make_call, ref=None, to_ref=None, num_spl
     return row
 
 
-def fp8_copy(kv, dtype, page_size):
+def fp8_copy(kv, dtype, page_size, shuffle=True):
     """kv [2, b, L, Hk, D] quantized into an FP8 cache: ((k, v), (k_descale, v_descale) [b, Hk],
     (paged k pool, paged v pool, block_table)), the pages shuffled as paginate's."""
     (k8, kd), (v8, vd) = (fattn.quantize_fp8(kv[i], dtype, granularity="head") for i in (0, 1))
-    pool, table = paginate(torch.stack([k8, v8]).view(torch.uint8), page_size)  # index_copy_ on the bytes
+    pool, table = paginate(torch.stack([k8, v8]).view(torch.uint8), page_size, shuffle)  # index_copy_ on the bytes
     pool = pool.view(dtype)
     return (k8, v8), (kd, vd), (pool[0], pool[1], table)
 
@@ -191,7 +196,7 @@ def run_case(args, results, case):
     qs = [torch.randn(b, 1, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
     # K and V of a copy in one allocation: the ceiling's reduction reads exactly these bytes.
     kvs = [torch.randn(2, b, ctx, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-    paged = [paginate(kv, args.page_size) for kv in kvs]
+    paged = [paginate(kv, args.page_size, shuffle=args.page_order == "shuffled") for kv in kvs]
     seqlens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
     ref = decode_reference(qs[0], kvs[0], ctx)
 
@@ -221,7 +226,7 @@ def run_case(args, results, case):
                 fails.append(f"b{b} ctx {fmt_size(ctx)} {impl} n={n}: {row['error'][:300]}")
     fp8_dtype = KV_DTYPES[args.kv_dtype]
     if fp8_dtype is not None:
-        fp8 = [fp8_copy(kv, fp8_dtype, args.page_size) for kv in kvs]
+        fp8 = [fp8_copy(kv, fp8_dtype, args.page_size, args.page_order == "shuffled") for kv in kvs]
         ref8 = decode_reference(qs[0], dequantized(fp8[0]), ctx)
         for n in args.splits:
             for impl in ("fattn_fp8", "fattn_paged_fp8"):

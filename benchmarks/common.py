@@ -402,15 +402,16 @@ def require_device(device: str, script: str) -> None:
 # ----------------------------------------------------------------------------- decode data (bench_decode, tune_decode)
 
 
-def paginate(kv, page_size):
+def paginate(kv, page_size, shuffle=True):
     """kv [2, b, L, hk, d] -> (pool [2, b * pages, page_size, hk, d], block_table int32 [b, pages]),
-    pages in shuffled physical order: key j of sequence i is pool[:, table[i, j // page_size], j % page_size]."""
+    pages in shuffled physical order (in order with shuffle=False, the layout of the contiguous
+    cache): key j of sequence i is pool[:, table[i, j // page_size], j % page_size]."""
     _, b, length, hk, d = kv.shape
     pages = -(-length // page_size)
     src = kv.new_zeros(2, b, pages * page_size, hk, d) if pages * page_size != length else kv
     if src is not kv:
         src[:, :, :length] = kv
-    perm = torch.randperm(b * pages, device=kv.device)
+    perm = torch.randperm(b * pages, device=kv.device) if shuffle else torch.arange(b * pages, device=kv.device)
     pool = torch.empty_like(src).view(2, b * pages, page_size, hk, d)
     pool.index_copy_(1, perm, src.reshape(2, b * pages, page_size, hk, d))  # pool[:, perm[i]] = page i
     return pool, perm.view(b, pages).to(torch.int32)

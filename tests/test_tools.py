@@ -306,6 +306,16 @@ def test_kernel_times_refuses_a_machine_without_cuda():
     assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs where there is no GPU (it checks the refusal there)")
+def test_paged_decode_gap_refuses_a_machine_without_cuda():
+    # It times the op and the JIT launcher's decode on a GPU; without one it stops with that
+    # reason, after importing both (a renamed launcher or helper fails here, not on a GPU run).
+    script = ROOT / "benchmarks" / "studies" / "paged_decode_gap.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "paged_decode_gap needs a CUDA GPU" in result.stderr, (
+        result.stdout + result.stderr)
+
+
 @pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
                                     "studies/forward_programs", "studies/backward_streams_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):

@@ -196,7 +196,8 @@ def run_case(args, results, case):
     qs = [torch.randn(b, 1, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
     # K and V of a copy in one allocation: the ceiling's reduction reads exactly these bytes.
     kvs = [torch.randn(2, b, ctx, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-    paged = [paginate(kv, args.page_size, shuffle=args.page_order == "shuffled") for kv in kvs]
+    shuffle = args.page_order == "shuffled"
+    paged = [paginate(kv, args.page_size, shuffle) for kv in kvs]
     seqlens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
     ref = decode_reference(qs[0], kvs[0], ctx)
 
@@ -226,7 +227,7 @@ def run_case(args, results, case):
                 fails.append(f"b{b} ctx {fmt_size(ctx)} {impl} n={n}: {row['error'][:300]}")
     fp8_dtype = KV_DTYPES[args.kv_dtype]
     if fp8_dtype is not None:
-        fp8 = [fp8_copy(kv, fp8_dtype, args.page_size, args.page_order == "shuffled") for kv in kvs]
+        fp8 = [fp8_copy(kv, fp8_dtype, args.page_size, shuffle) for kv in kvs]
         ref8 = decode_reference(qs[0], dequantized(fp8[0]), ctx)
         for n in args.splits:
             for impl in ("fattn_fp8", "fattn_paged_fp8"):

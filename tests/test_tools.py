@@ -297,23 +297,14 @@ def test_bench_context_parallel_times_the_ring_and_the_all_to_all_under_gloo(tmp
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs where there is no GPU (it checks the refusal there)")
-def test_kernel_times_refuses_a_machine_without_cuda():
-    # It profiles CUDA kernels; without a GPU it stops with that reason, after importing the
-    # benchmark CLI's callables it times (a renamed one fails here, not on the next GPU run).
-    script = ROOT / "benchmarks" / "studies" / "kernel_times.py"
-    result = subprocess.run([sys.executable, str(script), "--head-dims", "64"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "kernel_times needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="runs where there is no GPU (it checks the refusal there)")
-def test_paged_decode_gap_refuses_a_machine_without_cuda():
-    # It times the op and the JIT launcher's decode on a GPU; without one it stops with that
-    # reason, after importing both (a renamed launcher or helper fails here, not on a GPU run).
-    script = ROOT / "benchmarks" / "studies" / "paged_decode_gap.py"
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "paged_decode_gap needs a CUDA GPU" in result.stderr, (
-        result.stdout + result.stderr)
+@pytest.mark.parametrize("study,args", [("kernel_times", ["--head-dims", "64"]), ("paged_decode_gap", [])])
+def test_cuda_studies_refuse_a_machine_without_cuda(study, args):
+    # They time CUDA kernels (kernel_times: the benchmark CLI's callables under the profiler;
+    # paged_decode_gap: the op and the JIT launcher's decode); without a GPU they stop with that
+    # reason, after importing what they launch (a renamed one fails here, not on the next GPU run).
+    script = ROOT / "benchmarks" / "studies" / f"{study}.py"
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and f"{study} needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",

@@ -305,6 +305,30 @@ def test_offsets_past_2_pow_31_elements(paged):
     del big
 
 
+def test_page_spanning_2_pow_31_elements():
+    # A page whose keys lie further apart than 32-bit offsets reach within it (slot stride x page
+    # size > 2^31 elements): the decoding tile's page tiles address a page's keys in 32 bits, so
+    # the launcher must take the per-key lookups (decode_cuda.cpp page_tiles_fit). K and V are
+    # views of one buffer, V a row's second half; only the rows in use are initialised.
+    page_size, heads, d, dtype = 64, 4, 64, torch.bfloat16
+    slot_stride = 2**31 // page_size + 64
+    assert page_size * slot_stride > 2**31
+    buffer = torch.empty((page_size - 1) * slot_stride + 2 * d, dtype=dtype, device=DEV)
+    rows = buffer.as_strided((page_size, 2 * d), (slot_stride, 1))
+    rows.copy_(torch.randn(page_size, 2 * d, dtype=dtype, device=DEV))
+    k_cache = buffer.as_strided((1, page_size, 1, d), (page_size * slot_stride, slot_stride, d, 1))
+    v_cache = buffer.as_strided((1, page_size, 1, d), (page_size * slot_stride, slot_stride, d, 1), d)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
+    q = torch.randn(1, 1, heads, d, dtype=dtype, device=DEV)
+    for length in (page_size, 37):
+        cache_seqlens = seqlens_tensor([length], DEV)
+        ref_out, ref_lse, low_out = references(q, k_cache, v_cache, cache_seqlens, table, None, None)
+        out, lse = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                 block_table=table, return_lse=True)
+        check_outputs(out, lse, q, ref_out, ref_lse, low_out, what=f"page of {page_size} slots {slot_stride} apart")
+    del buffer
+
+
 def test_append_past_capacity_stays_inside_the_sequence():
     # Documented, not checked, on CUDA: an append past capacity is dropped and the sequence is
     # clamped. Whatever is kept, nothing outside sequence 0's own slots may change, and the

@@ -443,9 +443,10 @@ def attn_decode_split(
     WIDE 1 and 2 (chunked prefill: the build gives them a tall row tile) take the forward
     kernel's two-loop pass (_wide_chunk): no mask on the key tiles every row sees; WIDE 2 has
     the softcap and ALiBi code, WIDE 1 runs neither (softcap_log2 = 0, use_alibi = 0).
-    PAGE_TILES (a paged cache whose page_size is a multiple of BLOCK_N): the key tiles start on
-    multiples of BLOCK_N (the keys before `lo` that this adds are masked, and share lo's page), so
-    each lies in one page, looked up once per tile.
+    PAGE_TILES (a paged cache whose page_size is a multiple of BLOCK_N, and page_size times the
+    slot strides, plus head_dim, at most 2^31 - 1): the key tiles start on multiples of BLOCK_N
+    (the keys before `lo` that this adds are masked, and share lo's page), so each lies in one
+    page, looked up once per tile; the decoding tile addresses a page's keys in 32 bits.
     Out [batch, seqlen_q, heads, head_dim] and Lse
     [batch, heads, seqlen_q] are contiguous, as are PartOut [splits, batch, seqlen_q,
     heads, head_dim] (fp32) and PartLse [splits, batch, heads, seqlen_q].
@@ -528,6 +529,7 @@ def attn_decode_split(
         start, stop = _split_keys(lo, hi, split, num_splits, BLOCK_N, PAGE_TILES)
         if PAGE_TILES:
             last = tl.maximum(stop - 1, 0)
+            last_col = last // page_size
             col, page = _tile_page(BlockTable, table_row, start, last, page_size)
         else:
             page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(start + offs_n, stop - 1), 0),
@@ -536,22 +538,31 @@ def attn_decode_split(
             cols = start_n + offs_n
             col_ok = cols < stop
             if PAGE_TILES:
-                # Keys before `lo` (the first a row may see: the slots before it may be padding)
-                # read its slot, in the same page as BLOCK_N divides page_size; keys past stop the
-                # last one's. Masked either way, and never padding's NaN times p = 0.
-                slot = (tl.minimum(tl.maximum(cols, lo), last) - col * page_size).to(tl.int64)
-                col, next_page = _tile_page(BlockTable, table_row, start_n + BLOCK_N, last, page_size)
-            k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
-            v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
-            if PAGE_TILES:
-                page = next_page
+                # The tile's page goes into the pointers, the keys' slots into 32-bit offsets
+                # (decode_cuda.cpp keeps page_size * the slot strides below 2^31): per key, one
+                # 32-bit product where page and slot cost 64-bit arithmetic (docs/notes/decode.md
+                # D18). Keys before `lo` (the first a row may see: the slots before it may be
+                # padding) read its slot, in the same page as BLOCK_N divides page_size; keys past
+                # stop the last one's. Masked either way, and never padding's NaN times p = 0.
+                slot = tl.minimum(tl.maximum(cols, lo), last) - col * page_size
+                k_tile = KCache + (page * stride_kb + kv_head * stride_kh)
+                v_tile = VCache + (page * stride_vb + kv_head * stride_vh)
+                k_rows = slot * stride_ks.to(tl.int32)
+                v_rows = slot * stride_vs.to(tl.int32)
+                # The next tile's column without a division: this one's until a tile ends the page.
+                col = tl.minimum(tl.where(start_n + BLOCK_N >= (col + 1) * page_size, col + 1, col), last_col)
+                page = tl.load(BlockTable + table_row + col).to(tl.int64)
             else:
+                k_tile = KCache
+                v_tile = VCache
+                k_rows = page * stride_kb + slot * stride_ks + kv_head * stride_kh
+                v_rows = page * stride_vb + slot * stride_vs + kv_head * stride_vh
                 page, slot = _key_slots(BlockTable, table_row, tl.minimum(cols + BLOCK_N, stop - 1), page_size,
                                         PAGED)
             if PAD_D:
-                k = tl.load(KCache + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
+                k = tl.load(k_tile + k_rows[None, :] + offs_d[:, None], mask=d_ok[:, None], other=0.0)
             else:
-                k = tl.load(KCache + k_rows[None, :] + offs_d[:, None])
+                k = tl.load(k_tile + k_rows[None, :] + offs_d[:, None])
             if KV_FP8 != 0:
                 qk = tl.dot(q, k.to(q.dtype)) * row_scale[:, None]
             else:
@@ -564,9 +575,9 @@ def attn_decode_split(
             qk = tl.where(visible, qk, float("-inf"))
             p, m_i, l_i, acc = softmax_step(m_i, l_i, acc, qk, True)
             if PAD_D:
-                v = tl.load(VCache + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+                v = tl.load(v_tile + v_rows[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
             else:
-                v = tl.load(VCache + v_rows[:, None] + offs_d[None, :])
+                v = tl.load(v_tile + v_rows[:, None] + offs_d[None, :])
             if KV_FP8 != 0:
                 v = _fp8_values_operand(v, q.dtype, KV_FP8)
             acc = tl.dot(p.to(q.dtype), v, acc)

@@ -342,8 +342,10 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table, splits: int, tiles: 
                                                      "stride_alibih", "use_alibi", "qk_scale", "softcap_log2")}
     ATTN_DECODE_SPLIT.launch(
         (splits, kv_heads * row_tiles, batch), **launch, **cache, **head, PAGED=paged, WIDE=wide, KV_FP8=kv_fp8,
-        # decode_cuda.cpp's choice: one page lookup per key tile where pages hold whole tiles
-        PAGE_TILES=paged and not kv_fp8 and page_size % tiles.block_n == 0,
+        # decode_cuda.cpp's choice (page_tiles_fit): one page lookup per key tile where pages hold
+        # whole tiles and a page's keys lie within 32-bit offsets
+        PAGE_TILES=paged and not kv_fp8 and page_size % tiles.block_n == 0
+        and page_size * max(k_cache.stride(1), v_cache.stride(1), kv_heads * head_dim) + head_dim <= 2**31 - 1,
         **descales,
         CacheLeftpad=cache_seqlens if cache_leftpad is None else cache_leftpad,
         use_leftpad=int(cache_leftpad is not None),

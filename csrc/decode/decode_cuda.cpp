@@ -113,6 +113,15 @@ void check_fp8_arch(int device, ScalarType cache_dtype) {
        ") is sm_", device_arch);
 }
 
+// Whether the split kernel may look a paged cache up once per key tile (PAGE_TILES): its pages
+// hold whole key tiles, and a page's keys lie within 32-bit offsets of the page's start (the
+// decoding tile forms slot * slot stride + feature in 32 bits). The kernel may read a contiguous
+// copy of the cache (cache_for_kernel), whose slot stride is kv_heads * head_dim.
+bool page_tiles_fit(const DecodeShape& s, const Tensor& k_cache, const Tensor& v_cache, int64_t block_n) {
+  const int64_t slot_stride = std::max({k_cache.stride(1), v_cache.stride(1), s.kv_heads * s.head_dim});
+  return s.page_size % block_n == 0 && s.page_size * slot_stride + s.head_dim <= INT32_MAX;
+}
+
 // Where the cache's rows are: the tensors the kernels read, the block table's view and the
 // optional row indirection.
 struct CacheView {
@@ -199,9 +208,8 @@ std::tuple<Tensor, Tensor> launch_decode(const DecodeShape& s, const DecodeInput
   const attn_decode_split::Flags narrow{.PAGED = s.paged, .WIDE = 0, .KV_FP8 = fp8, .PAGE_TILES = false};
   auto split = choose_first<attn_decode_split>(kOp, device, dtype, s.head_dim, {tiled, per_key, narrow_tiled, narrow},
                                                exact_dim);
-  // Page tiles need pages that hold whole key tiles.
   if (split.constant(attn_decode_split::PAGE_TILES) != 0 &&
-      s.page_size % split.constant(attn_decode_split::BLOCK_N) != 0) {
+      !page_tiles_fit(s, k_cache, v_cache, split.constant(attn_decode_split::BLOCK_N))) {
     split = choose_first<attn_decode_split>(kOp, device, dtype, s.head_dim, {per_key, narrow}, exact_dim);
   }
   const auto merge = choose<attn_decode_merge>(kOp, device, dtype, s.head_dim, {});

@@ -49,7 +49,7 @@ from .constants import LN2, LOG2E
 from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .fp8 import descale_at, fp8_pointer
-from .masks import key_visible, segment_ids, segment_span, visible_key_range
+from .masks import key_bounds, segment_ids, segment_span, visible_key_range
 from .score_mods import alibi_scores, modified_scores
 from .spec import KernelSpec
 from .tiles import sequence_span, tile_at, tile_loop_bounds
@@ -237,19 +237,25 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
     elif qk_scale <= 0:  # a max does not commute with a scale <= 0
         s = s * qk_scale
     if i >= n_full:
-        visible = key_visible(rows[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right)
+        # Each row's visible keys as offsets into the tile, so a score costs two compares; and
+        # the mask is applied before the segment ids' runtime branch, as mask bits kept live
+        # across it were packed into registers and out again (the masked tile's softmax ran 3-4
+        # times a full one's: docs/notes/tuning.md T36).
+        lo, hi = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
+        first = lo - start_n
+        last = gl.minimum(hi, seqlen_k - 1) - start_n
+        s = gl.where((offs_n[None, :] >= first[:, None]) & (offs_n[None, :] <= last[:, None]), s, float("-inf"))
         if SEGMENTS == 1:
             if use_segments != 0:
                 kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
-                visible = visible & (q_seg[:, None] == kv_seg[None, :])
+                s = gl.where(q_seg[:, None] == kv_seg[None, :], s, float("-inf"))
         elif SEGMENTS == 2:
             # One key per thread, spread to the scores' layout through shared memory: gathered in
             # that layout, each thread would hold a 64-bit address per column it owns.
             keys: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             kv_seg = segment_ids(kv_seg_base, start_n + gl.arange(0, offs_n.shape[0], layout=keys), seqlen_k,
                                  use_segments)
-            visible = visible & (q_seg[:, None] == gl.convert_layout(kv_seg, offs_n.type.layout)[None, :])
-        s = gl.where(visible, s, float("-inf"))
+            s = gl.where(q_seg[:, None] == gl.convert_layout(kv_seg, offs_n.type.layout)[None, :], s, float("-inf"))
     return s
 
 

@@ -7,13 +7,21 @@ import triton.language as tl
 
 
 @triton.jit
+def key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right):
+    """(lo, hi): the window of query q_idx, lo <= key <= hi, a negative side being unbounded
+    (lo 0, hi seqlen_k - 1); key_visible also drops keys past seqlen_k."""
+    lo = tl.where(window_left >= 0, q_idx + diagonal - window_left, 0)
+    hi = tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1)
+    return lo, hi
+
+
+@triton.jit
 def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
     """The attention mask, for broadcastable query/key index tensors: key k_idx < seqlen_k is
     visible to query q_idx iff q_idx + diagonal - window_left <= k_idx <= q_idx + diagonal +
     window_right, a negative side being unbounded. diagonal = seqlen_k - seqlen_q aligns the
     window to the bottom-right corner; causal is window_right = 0."""
-    lo = tl.where(window_left >= 0, q_idx + diagonal - window_left, 0)
-    hi = tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1)
+    lo, hi = key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right)
     return (k_idx >= lo) & (k_idx <= hi) & (k_idx < seqlen_k)
 
 

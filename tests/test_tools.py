@@ -4,6 +4,7 @@
 the kernels by argument name, so a kernel signature change that they do not follow fails here
 rather than in the next search on a GPU."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -308,13 +309,31 @@ def test_cuda_studies_refuse_a_machine_without_cuda(study, args):
 
 
 @pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
-                                    "studies/forward_programs", "studies/backward_streams_ab", "revision_ab"])
+                                    "studies/forward_programs", "studies/forward_timeline",
+                                    "studies/backward_streams_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
     # kernel and spec they launch (a renamed one fails here, not on the next GPU run).
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2 and "needs a Hopper GPU" in result.stderr, result.stdout + result.stderr
+
+
+def test_forward_timeline_clocks_fit_the_kernel_as_it_is():
+    # The study adds its clock reads to triton_src/forward_sm90.py by anchoring on the kernel's
+    # lines; a kernel edit that moves one must fail here, not on the next GPU run.
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
+    try:
+        import forward_timeline
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
+    source = (ROOT / "triton_src" / "forward_sm90.py").read_text()
+    timed = forward_timeline.timed_source(source)
+    ast.parse(timed)
+    assert (timed.count("%clock64"), timed.count("%globaltimer"), timed.count("%smid")) == (12, 4, 1)
+    assert "bias_load, ts, BLOCK_M: gl.constexpr" in timed and timed.count("bias_load, ts_base, BLOCK_M") == 2
+    with pytest.raises(ValueError, match="anchor not found"):
+        forward_timeline.timed_source(source.replace("    mbarrier.wait(q_ready.index(WG), k & 1)\n", ""))
 
 
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):

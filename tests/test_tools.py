@@ -330,7 +330,7 @@ def test_forward_timeline_clocks_fit_the_kernel_as_it_is():
     source = (ROOT / "triton_src" / "forward_sm90.py").read_text()
     timed = forward_timeline.timed_source(source)
     ast.parse(timed)
-    assert (timed.count("%clock64"), timed.count("%globaltimer"), timed.count("%smid")) == (12, 4, 1)
+    assert (timed.count("%clock64"), timed.count("%globaltimer"), timed.count("%smid")) == (12, 5, 1)
     assert "bias_load, ts, BLOCK_M: gl.constexpr" in timed and timed.count("bias_load, ts_base, BLOCK_M") == 2
     with pytest.raises(ValueError, match="anchor not found"):
         forward_timeline.timed_source(source.replace("    mbarrier.wait(q_ready.index(WG), k & 1)\n", ""))

@@ -6,16 +6,17 @@ the programs an SM runs in turn.
 A copy of triton_src/forward_sm90.py with clock reads added (timed_source; written beside it as
 forward_sm90_timed.py and launched through Triton's JIT) records, per program, in a buffer the
 plain variant's unused Bias pointer carries:
-- %globaltimer at the kernel's entry (before the descriptors), at the first consumer's entry and
-  at its exit, and the SM it ran on;
+- %globaltimer at the kernel's entry (before the descriptors), after the descriptors, at the
+  first consumer's entry and at its exit, and the SM it ran on;
 - per query tile (round) the first consumer's %clock64 at its start, after Q's wait, after the
   key loop and after the store, and the tile's key-tile count;
 - per key tile, each consumer's %clock64 when its S product has landed and when its P V product
   has, and the producer's before it waits for the tile's ring slot.
 The copy must give the library kernel's output to the bit, and its time is printed beside the
-plain kernel's (the clock reads cost 1-10 %). The summary: the gap between the programs an SM runs,
-the setup before the consumers start, and per key-tile count the medians of Q's wait, the key loop
-and the epilogue; --records keeps the raw clocks (.npz per case).
+plain kernel's (the clock reads cost 1-10 %). The summary: the gap between the programs an SM
+runs, the setup before the consumers start (and its descriptors' share), and per key-tile count
+the medians of Q's wait, the key loop and the epilogue; --records keeps the raw clocks (.npz per
+case).
 Needs an sm_90 GPU and a built library (for the op's programs per pair).
 """
 
@@ -55,6 +56,8 @@ def timed_source(src: str) -> str:
 
     program = "(pid + num_programs * (head + gl.num_programs(1) * batch)) * " + str(SLOTS)
     insert("    q_desc = tma.make_tensor_descriptor(q_base,", f"    gl.store(Bias + {program} + 5, {_GLOBALTIMER})\n")
+    insert("    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)\n",
+           f"    gl.store(Bias + {program} + 6, {_GLOBALTIMER})\n")
     insert("    if CONSUMERS == 2:\n        gl.warp_specialize([",
            f"    ts_base = Bias + {program}\n    if SCORE_MOD == PLAIN:\n        mods_0 = (ts_base,)\n"
            "        mods_1 = (ts_base,)\n        mods_2 = (ts_base,)\n")
@@ -119,6 +122,7 @@ def summary(rec) -> dict:
         "programs": int(rec.shape[0]), "sms": len(by_sm),
         "span_us": round(float(rec[:, 2].max() - rec[:, 0].min()) / 1e3, 2),
         "setup_us": med(list((rec[:, 0] - rec[:, 5]) / 1e3)),
+        "descriptors_us": med(list((rec[:, 6] - rec[:, 5]) / 1e3)) if rec[:, 6].any() else None,
         "gap_between_programs_us": med(gaps),
         "rounds_by_key_tiles": {str(n): {name: med(v) for name, v in d.items()} | {"count": len(d["key_loop"])}
                                 for n, d in sorted(per_n.items())},

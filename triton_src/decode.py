@@ -301,18 +301,26 @@ def rotate_queries(
 
 
 @triton.jit
+def _page_tile_slots(keys, first_visible, last, col, page_size):
+    """The in-page slots (int32) of keys `keys` of a page tile in page column `col`: keys before
+    first_visible (the first a row may see; the slots before it may be padding) read its slot, keys
+    past `last` (the split's or chunk's last key) the last one's. BLOCK_N divides page_size, so both
+    lie in the tile's page; their scores are masked, and never padding's NaN times p = 0."""
+    return tl.minimum(tl.maximum(keys, first_visible), last) - col * page_size
+
+
+@triton.jit
 def _wide_tile_slots(BlockTable, table_row, start, stop, tile, page_size, offs_n, key_lo, BLOCK_N: tl.constexpr,
                      PAGED: tl.constexpr, PAGE_TILES: tl.constexpr):
     """(page, slot) of the keys of the chunk's key tile `tile`, clamped onto the chunk's last key
     (in bounds, on a mapped page: this also serves the lookahead past the last tile). With
     PAGE_TILES (the chunk's tiles start on multiples of BLOCK_N, which divides page_size) the tile
-    lies in one page, looked up once (_tile_page), and its keys before key_lo (the first a row may
-    see; the slots before it may be padding) read key_lo's slot, in the same page."""
+    lies in one page, looked up once (_tile_page), its slots as _page_tile_slots says."""
     first = start + tile * BLOCK_N
     if PAGE_TILES:
         last = tl.maximum(stop - 1, 0)
         col, page = _tile_page(BlockTable, table_row, first, last, page_size)
-        slot = (tl.minimum(tl.maximum(first + offs_n, key_lo), last) - col * page_size).to(tl.int64)
+        slot = _page_tile_slots(first + offs_n, key_lo, last, col, page_size).to(tl.int64)
     else:
         page, slot = _key_slots(BlockTable, table_row, tl.maximum(tl.minimum(first + offs_n, stop - 1), 0),
                                 page_size, PAGED)
@@ -541,10 +549,8 @@ def attn_decode_split(
                 # The tile's page goes into the pointers, the keys' slots into 32-bit offsets
                 # (decode_cuda.cpp keeps page_size * the slot strides below 2^31): per key, one
                 # 32-bit product where page and slot cost 64-bit arithmetic (docs/notes/decode.md
-                # D18). Keys before `lo` (the first a row may see: the slots before it may be
-                # padding) read its slot, in the same page as BLOCK_N divides page_size; keys past
-                # stop the last one's. Masked either way, and never padding's NaN times p = 0.
-                slot = tl.minimum(tl.maximum(cols, lo), last) - col * page_size
+                # D18); which slot each key reads, _page_tile_slots says.
+                slot = _page_tile_slots(cols, lo, last, col, page_size)
                 k_tile = KCache + (page * stride_kb + kv_head * stride_kh)
                 v_tile = VCache + (page * stride_vb + kv_head * stride_vh)
                 k_rows = slot * stride_ks.to(tl.int32)

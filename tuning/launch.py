@@ -159,12 +159,14 @@ def _shape(q, k, seqlen_q, seqlen_k):
 
 
 def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packing | None = None, spec=ATTN_FWD,
-            programs: int | None = None):
+            programs: int | None = None, replace: dict | None = None):
     """(out, lse) of attn_fwd, or of another kernel with its arguments (`spec`: the Hopper
     forward). Dense outputs start as NaN (every element must be written); packed ones as zeros,
     as the op allocates them (rows outside every sequence are not written). `programs`: that
     many programs per (head, batch) instead of one per query tile, for a kernel whose spec
-    loops over tiles (the op picks its own number: csrc/attention/query_tile_programs.cpp)."""
+    loops over tiles (the op picks its own number: csrc/attention/query_tile_programs.cpp).
+    `replace`: kernel arguments by name that take the place of the computed ones (a study's
+    buffer in an argument its variant does not read)."""
     if programs is not None and not (spec.loops_over_tiles and programs >= 1):
         raise ValueError(f"programs={programs}: {spec.name} "
                          + ("takes one or more" if spec.loops_over_tiles else "runs one query tile per program"))
@@ -175,12 +177,14 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
     shape, head = _shape(q, k, seqlen_q, seqlen_k)
     variant_args, _ = variant.args(q.shape[-1], q.device)
     tiles_m = triton.cdiv(seqlen_q, tiles.block_m)
+    arguments = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SCORE_MOD=variant.score_mod,
+                     TILE_LOOP=spec.loops_over_tiles, **head, Q=q, K=k, V=v, Out=out, Lse=lse, **rows("q", q),
+                     **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape, **variant_args,
+                     **variant.sink_args(q.device), **variant.span_args(tiles.block_m, False, q.device),
+                     **_without_fp8(lse))
+    arguments.update(replace or {})
     spec.launch((tiles_m if programs is None else min(programs, tiles_m), q.shape[-2], batch),
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-                SCORE_MOD=variant.score_mod, TILE_LOOP=spec.loops_over_tiles, **head, Q=q, K=k, V=v, Out=out, Lse=lse,
-                **rows("q", q), **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape,
-                **variant_args, **variant.sink_args(q.device),
-                **variant.span_args(tiles.block_m, False, q.device), **_without_fp8(lse))
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, **arguments)
     return out, lse
 
 

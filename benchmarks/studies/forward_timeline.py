@@ -13,7 +13,8 @@ plain variant's unused Bias pointer carries:
 - per key tile, each consumer's %clock64 when its S product has landed and when its P V product
   has, and the producer's before it waits for the tile's ring slot.
 The copy must give the library kernel's output to the bit, and its time is printed beside the
-plain kernel's (the clock reads cost 1-10 %). The summary: the gap between the programs an SM
+plain kernel's (the clock reads cost 1-10 %; both launch through tuning/launch.py's forward, whose
+NaN-filled outputs are part of each call's time, as in the other JIT studies). The summary: the gap between the programs an SM
 runs, the setup before the consumers start (and its descriptors' share), and per key-tile count
 the medians of Q's wait, the key loop and the epilogue; --records keeps the raw clocks (.npz per
 case).
@@ -161,20 +162,8 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def run(spec, p, tiles, variant, programs, clocks=None):
-        q, k, v = p.q, p.k, p.v
-        batch, seqlen_q, seqlen_k, lse_shape, layout = launch._problem(q, k, None)
-        lse, out = torch.empty(lse_shape, device=q.device), torch.empty_like(q)
-        shape, head = launch._shape(q, k, seqlen_q, seqlen_k)
-        variant_args, _ = variant.args(q.shape[-1], q.device)
-        if clocks is not None:
-            variant_args["Bias"] = clocks
-        spec.launch((programs, q.shape[-2], batch), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-                    BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SCORE_MOD=variant.score_mod, TILE_LOOP=True,
-                    **head, Q=q, K=k, V=v, Out=out, Lse=lse, **launch.rows("q", q), **launch.rows("k", k),
-                    **launch.rows("v", v), **launch.rows("o", out), **layout, **shape, **variant_args,
-                    **variant.sink_args(q.device), **variant.span_args(tiles.block_m, False, q.device),
-                    **launch._without_fp8(lse))
-        return out
+        replace = None if clocks is None else {"Bias": clocks}
+        return launch.forward(p.q, p.k, p.v, tiles, variant, spec=spec, programs=programs, replace=replace)[0]
 
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):

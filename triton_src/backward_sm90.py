@@ -53,7 +53,7 @@ from triton._C.libtriton import ir
 from .backward import ATTN_BWD_DKDV
 from .constants import LOG2E
 from .dropout_sm90 import dropout_keep
-from .masks import key_visible, segment_ids, segment_span, visible_query_range
+from .masks import key_bounds, segment_ids, segment_span, visible_query_range
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
 from .spec import KernelSpec
@@ -360,11 +360,14 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                                                 diagonal, softcap_log2, alibi_log2, alibi_offset)
             p_t = gl.exp2(s_t - lse[None, :])
             if i >= n_full:
-                visible = key_visible(rows[None, :], keys[:, None], seqlen_k, diagonal, window_left, window_right)
+                # The mask before the segment ids' runtime branch, as in the forward's _scores
+                # (mask bits kept live across it are packed into registers and out again).
+                first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
+                last_key = gl.minimum(last_key, seqlen_k - 1)
+                p_t = gl.where((keys[:, None] >= first_key[None, :]) & (keys[:, None] <= last_key[None, :]), p_t, 0.0)
                 if use_segments != 0:
                     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
-                    visible = visible & (kv_seg[:, None] == q_seg[None, :])
-                p_t = gl.where(visible, p_t, 0.0)
+                    p_t = gl.where(kv_seg[:, None] == q_seg[None, :], p_t, 0.0)
             # dV's product runs while this warpgroup waits for dP^T and computes dS^T.
             if SCORE_MOD == BIAS_TMA:
                 # Dropout: dV takes the kept probabilities (rescaled), dP^T is kept the same way.
@@ -482,11 +485,12 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                                               diagonal, softcap_log2, alibi_log2, alibi_offset)
             p = gl.exp2(s - lse[:, None])
             if i >= n_full:
-                visible = key_visible(rows[:, None], keys[None, :], seqlen_k, diagonal, window_left, window_right)
+                first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
+                last_key = gl.minimum(last_key, seqlen_k - 1)
+                p = gl.where((keys[None, :] >= first_key[:, None]) & (keys[None, :] <= last_key[:, None]), p, 0.0)
                 if use_segments != 0:
                     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
-                    visible = visible & (q_seg[:, None] == kv_seg[None, :])
-                p = gl.where(visible, p, 0.0)
+                    p = gl.where(q_seg[:, None] == kv_seg[None, :], p, 0.0)
             pt_smem.index(buf).slice(HALF * HALF_N, HALF_N).store(gl.permute(p.to(dtype), (1, 0)))
             if SCORE_MOD == SOFTCAP_ALIBI:
                 p = p * dcap

@@ -83,7 +83,6 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
         # The mask before the segment ids' runtime branch, as in the forward's _scores (mask bits
         # kept live across it are packed into registers and out again).
         first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
-        last_key = gl.minimum(last_key, seqlen_k - 1)
         p = gl.where((cols[None, :] >= first_key[:, None]) & (cols[None, :] <= last_key[:, None]), p, 0.0)
         if use_segments != 0:
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)

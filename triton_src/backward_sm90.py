@@ -363,7 +363,6 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
                 # The mask before the segment ids' runtime branch, as in the forward's _scores
                 # (mask bits kept live across it are packed into registers and out again).
                 first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
-                last_key = gl.minimum(last_key, seqlen_k - 1)
                 p_t = gl.where((keys[:, None] >= first_key[None, :]) & (keys[:, None] <= last_key[None, :]), p_t, 0.0)
                 if use_segments != 0:
                     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
@@ -486,7 +485,6 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
             p = gl.exp2(s - lse[:, None])
             if i >= n_full:
                 first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
-                last_key = gl.minimum(last_key, seqlen_k - 1)
                 p = gl.where((keys[None, :] >= first_key[:, None]) & (keys[None, :] <= last_key[:, None]), p, 0.0)
                 if use_segments != 0:
                     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)

@@ -243,7 +243,7 @@ def _scores(s, i, start_n, rows, offs_n, n_full, seqlen_k, diagonal, window_left
         # times a full one's: docs/notes/tuning.md T36).
         lo, hi = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
         first = lo - start_n
-        last = gl.minimum(hi, seqlen_k - 1) - start_n
+        last = hi - start_n
         s = gl.where((offs_n[None, :] >= first[:, None]) & (offs_n[None, :] <= last[:, None]), s, float("-inf"))
         if SEGMENTS == 1:
             if use_segments != 0:

@@ -8,10 +8,10 @@ import triton.language as tl
 
 @triton.jit
 def key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right):
-    """(lo, hi): the window of query q_idx, lo <= key <= hi, a negative side being unbounded
-    (lo 0, hi seqlen_k - 1); key_visible also drops keys past seqlen_k."""
+    """(lo, hi): the keys query q_idx sees, lo <= key <= hi: its window, a negative side being
+    unbounded (lo 0), and no key past the last (hi <= seqlen_k - 1). lo may exceed hi (no key)."""
     lo = tl.where(window_left >= 0, q_idx + diagonal - window_left, 0)
-    hi = tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1)
+    hi = tl.minimum(tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1), seqlen_k - 1)
     return lo, hi
 
 
@@ -22,7 +22,7 @@ def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
     window_right, a negative side being unbounded. diagonal = seqlen_k - seqlen_q aligns the
     window to the bottom-right corner; causal is window_right = 0."""
     lo, hi = key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right)
-    return (k_idx >= lo) & (k_idx <= hi) & (k_idx < seqlen_k)
+    return (k_idx >= lo) & (k_idx <= hi)
 
 
 @triton.jit

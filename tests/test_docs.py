@@ -44,3 +44,13 @@ def test_the_performance_tables_are_the_committed_json_s():
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "doc_tables.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_results_folder_has_its_row_in_the_results_index():
+    # benchmarks/results/README.md says what each folder holds and which doc reads it: a folder
+    # committed without its row, or a row left behind by a removed folder, fails here.
+    results = ROOT / "benchmarks" / "results"
+    folders = {p.name for p in results.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    listed = set(re.findall(r"^\| `([\w.-]+)/` \|", (results / "README.md").read_text(), re.M))
+    assert folders - listed == set(), f"folders without a row in benchmarks/results/README.md: {sorted(folders - listed)}"
+    assert listed - folders == set(), f"rows of benchmarks/results/README.md without a folder: {sorted(listed - folders)}"

@@ -30,7 +30,7 @@ from .backward import ATTN_BWD_DQ
 from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
 from .dropout_sm90 import dropout_keep
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start, head_alibi_log2
-from .masks import key_bounds, segment_ids
+from .masks import key_visible, segment_ids
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
 from .spec import KernelSpec
@@ -82,8 +82,7 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
     if j >= n_full:
         # The mask before the segment ids' runtime branch, as in the forward's _scores (mask bits
         # kept live across it are packed into registers and out again).
-        first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
-        p = gl.where((cols[None, :] >= first_key[:, None]) & (cols[None, :] <= last_key[:, None]), p, 0.0)
+        p = gl.where(key_visible(rows[:, None], cols[None, :], seqlen_k, diagonal, window_left, window_right), p, 0.0)
         if use_segments != 0:
             kv_seg = segment_ids(kv_seg_base, cols, seqlen_k, use_segments)
             p = gl.where(q_seg[:, None] == kv_seg[None, :], p, 0.0)

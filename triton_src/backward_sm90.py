@@ -53,7 +53,7 @@ from triton._C.libtriton import ir
 from .backward import ATTN_BWD_DKDV
 from .constants import LOG2E
 from .dropout_sm90 import dropout_keep
-from .masks import key_bounds, segment_ids, segment_span, visible_query_range
+from .masks import key_visible, segment_ids, segment_span, visible_query_range
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
 from .spec import KernelSpec
@@ -362,8 +362,8 @@ def _accumulate(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready,
             if i >= n_full:
                 # The mask before the segment ids' runtime branch, as in the forward's _scores
                 # (mask bits kept live across it are packed into registers and out again).
-                first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
-                p_t = gl.where((keys[:, None] >= first_key[None, :]) & (keys[:, None] <= last_key[None, :]), p_t, 0.0)
+                p_t = gl.where(key_visible(rows[None, :], keys[:, None], seqlen_k, diagonal, window_left, window_right),
+                               p_t, 0.0)
                 if use_segments != 0:
                     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
                     p_t = gl.where(kv_seg[:, None] == q_seg[None, :], p_t, 0.0)
@@ -484,8 +484,8 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                                               diagonal, softcap_log2, alibi_log2, alibi_offset)
             p = gl.exp2(s - lse[:, None])
             if i >= n_full:
-                first_key, last_key = key_bounds(rows, seqlen_k, diagonal, window_left, window_right)
-                p = gl.where((keys[None, :] >= first_key[:, None]) & (keys[None, :] <= last_key[:, None]), p, 0.0)
+                p = gl.where(key_visible(rows[:, None], keys[None, :], seqlen_k, diagonal, window_left, window_right),
+                             p, 0.0)
                 if use_segments != 0:
                     q_seg = segment_ids(q_seg_base, rows, seqlen_q, use_segments)
                     p = gl.where(q_seg[:, None] == kv_seg[None, :], p, 0.0)

@@ -7,12 +7,20 @@ import triton.language as tl
 
 
 @triton.jit
-def key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right):
-    """(lo, hi): the keys query q_idx sees, lo <= key <= hi: its window, a negative side being
-    unbounded (lo 0), and no key past the last (hi <= seqlen_k - 1). lo may exceed hi (no key)."""
+def _window(q_idx, seqlen_k, diagonal, window_left, window_right):
+    """The window of query q_idx alone, lo <= key <= hi, a negative side being unbounded (lo 0,
+    hi seqlen_k - 1); hi may pass the last key."""
     lo = tl.where(window_left >= 0, q_idx + diagonal - window_left, 0)
-    hi = tl.minimum(tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1), seqlen_k - 1)
+    hi = tl.where(window_right >= 0, q_idx + diagonal + window_right, seqlen_k - 1)
     return lo, hi
+
+
+@triton.jit
+def key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right):
+    """(lo, hi): the keys query q_idx sees, lo <= key <= hi: its window, and no key past the last
+    (hi <= seqlen_k - 1). lo may exceed hi (no key)."""
+    lo, hi = _window(q_idx, seqlen_k, diagonal, window_left, window_right)
+    return lo, tl.minimum(hi, seqlen_k - 1)
 
 
 @triton.jit
@@ -20,9 +28,11 @@ def key_visible(q_idx, k_idx, seqlen_k, diagonal, window_left, window_right):
     """The attention mask, for broadcastable query/key index tensors: key k_idx < seqlen_k is
     visible to query q_idx iff q_idx + diagonal - window_left <= k_idx <= q_idx + diagonal +
     window_right, a negative side being unbounded. diagonal = seqlen_k - seqlen_q aligns the
-    window to the bottom-right corner; causal is window_right = 0."""
-    lo, hi = key_bounds(q_idx, seqlen_k, diagonal, window_left, window_right)
-    return (k_idx >= lo) & (k_idx <= hi)
+    window to the bottom-right corner; causal is window_right = 0. The same keys as key_bounds';
+    the end of the keys is a third compare per score rather than a clamp per row, which the
+    generic dK/dV kernel's registers take better (docs/notes/tuning.md T38)."""
+    lo, hi = _window(q_idx, seqlen_k, diagonal, window_left, window_right)
+    return (k_idx >= lo) & (k_idx <= hi) & (k_idx < seqlen_k)
 
 
 @triton.jit

@@ -5,6 +5,7 @@ the kernels by argument name, so a kernel signature change that they do not foll
 rather than in the next search on a GPU."""
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -309,7 +310,7 @@ def test_cuda_studies_refuse_a_machine_without_cuda(study, args):
 
 
 @pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
-                                    "studies/forward_programs", "studies/forward_timeline",
+                                    "studies/forward_programs", "studies/forward_timeline", "studies/forward_host_maps",
                                     "studies/backward_streams_ab", "revision_ab"])
 def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
@@ -334,6 +335,39 @@ def test_forward_timeline_clocks_fit_the_kernel_as_it_is():
     assert "bias_load, ts, BLOCK_M: gl.constexpr" in timed and timed.count("bias_load, ts_base, BLOCK_M") == 2
     with pytest.raises(ValueError, match="anchor not found"):
         forward_timeline.timed_source(source.replace("    mbarrier.wait(q_ready.index(WG), k & 1)\n", ""))
+
+
+def _study(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
+
+
+def test_forward_host_maps_rewrite_fits_the_kernel_as_it_is():
+    # The study rewrites triton_src/forward_sm90.py's descriptors and TMA copies by anchoring on
+    # the kernel's text; a kernel edit that moves one must fail here, not on the next GPU run.
+    forward_host_maps = _study("forward_host_maps")
+    source = (ROOT / "triton_src" / "forward_sm90.py").read_text()
+    rewritten = forward_host_maps.host_maps_source(source)
+    ast.parse(rewritten)
+    # Every row tile's copy goes through the maps (FP8's V^T copy and the second head-dim piece's
+    # descriptors stay, in branches the study's variants never take).
+    assert rewritten.count("_load4(") == 6 + 1 and rewritten.count("_store4(") == 2 + 1
+    assert "q_desc = tma.make_tensor_descriptor(" not in rewritten and "q_desc = (Q, batch.to(gl.int32), head)" in rewritten
+    assert rewritten.count("tma.async_copy_global_to_shared(") == 1 + 1  # V^T's, _load4's own
+    with pytest.raises(ValueError, match="forward_host_maps: anchor"):
+        forward_host_maps.host_maps_source(source.replace("dtype: gl.constexpr = Q.dtype.element_ty", "dtype = Q"))
+
+
+def test_forward_host_maps_copy_compiles_without_in_kernel_descriptors():
+    # The rewritten kernel, compiled for sm_90 with the maps in its signature: no tensormap
+    # field writes are left (the per-program setup the study removes), every TMA copy is 4-D, and
+    # the maps' boxes are the tiles' (Triton splits a 128-column tile into two 64-column copies).
+    result = _study("forward_host_maps").compile_check(128)
+    assert result["tensormap_replace"] == 0 and result["tma_2d"] == 0 and result["tma_4d"] >= 4
+    assert result["maps"] == [[1, 64, 1, 64], [1, 128, 1, 64], [1, 128, 1, 64], [1, 64, 1, 64]]
 
 
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):

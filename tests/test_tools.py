@@ -359,6 +359,13 @@ def test_forward_host_maps_rewrite_fits_the_kernel_as_it_is():
     assert rewritten.count("tma.async_copy_global_to_shared(") == 1 + 1  # V^T's, _load4's own
     with pytest.raises(ValueError, match="forward_host_maps: anchor"):
         forward_host_maps.host_maps_source(source.replace("dtype: gl.constexpr = Q.dtype.element_ty", "dtype = Q"))
+    # A subset: K and V as maps, Q's and Out's descriptors still made in the kernel.
+    some = forward_host_maps.host_maps_source(source, ("K", "V"))
+    ast.parse(some)
+    assert "q_desc = tma.make_tensor_descriptor(q_base" in some and "k_desc = (K, batch.to(gl.int32), kv_head)" in some
+    assert some.count("_load4(") == 4 + 1 and some.count("_store4(") == 1
+    with pytest.raises(ValueError, match="maps must be some of"):
+        forward_host_maps.host_maps_source(source, ("Bias",))
 
 
 def test_forward_host_maps_copy_compiles_without_in_kernel_descriptors():

@@ -15,7 +15,10 @@ as TensorDescriptor arguments at each launch): Q, K, V and Out arrive as maps, e
 becomes a (map, batch, head) tuple, and every TMA copy goes through _load4 / _store4, which view
 the kernel's 2-D shared-memory tile as the map's [1, rows, 1, columns] box. The kernel is
 otherwise the same, so the copy must give the library kernel's output to the bit; the study
-then times both, interleaved, on the op's programs per (head, batch). Dense bf16 calls of the
+then times them, interleaved, on the op's programs per (head, batch). --maps names the sets of
+tensors made maps (default: all four, K and V alone, Q and Out alone), each set its own copy,
+so that a run says what each pair of descriptors costs: Q's and Out's could also go without a
+descriptor inside the kernel (plain loads and stores), K's and V's not. Dense bf16 calls of the
 power-of-two buckets without a bias (the variant the rewrite covers: no FP8, no second
 head-dim piece).
 
@@ -62,10 +65,17 @@ def _store4(desc, row, smem):
 '''
 
 
-def host_maps_source(src: str) -> str:
-    """triton_src/forward_sm90.py's text with Q, K, V and Out as host-made rank-4 maps. Each edit is
-    anchored on the kernel's text; an anchor found other than expected raises (the kernel
-    changed: move the anchor)."""
+MAPS = ("Q", "K", "V", "Out")  # the kernel's tensors that TMA reads or writes
+_DESC = {"Q": "q", "K": "k", "V": "v", "Out": "o"}  # each one's descriptor, <x>_desc
+
+
+def host_maps_source(src: str, maps=MAPS) -> str:
+    """triton_src/forward_sm90.py's text with the tensors named in `maps` (of MAPS) as host-made
+    rank-4 maps, the others' descriptors made in the kernel as before. Each edit is anchored on the
+    kernel's text; an anchor found other than expected raises (the kernel changed: move the
+    anchor)."""
+    if not maps or set(maps) - set(MAPS):
+        raise ValueError(f"forward_host_maps: maps must be some of {MAPS}, got {maps}")
 
     def replace(old: str, new: str, count: int = 1) -> None:
         nonlocal src
@@ -79,22 +89,31 @@ def host_maps_source(src: str) -> str:
         if n != count:
             raise ValueError(f"forward_host_maps: pattern matched {n} times, not {count}: {pattern!r}")
 
-    # Every TMA copy of a row tile at column 0 (V^T's copy, [0, start_n], is FP8's alone: left).
-    sub(r"tma\.async_copy_global_to_shared\((\w+), \[([^\[\]]+?), 0\], ", r"_load4(\1, \2, ", 6)
-    sub(r"tma\.async_copy_shared_to_global\((\w+), \[(\w+), 0\], ", r"_store4(\1, \2, ", 2)
-    sub(r"\b([qkv]_desc1?)\.block_type\.nbytes", r"\1[0].block_type.nbytes", 9)
-    # The kernel: the maps come as Q, K, V and Out; a descriptor is (map, batch, head).
+    loads = "|".join(_DESC[m] for m in maps if m != "Out")
+    if loads:
+        # Every TMA copy of a row tile at column 0, two per tensor (the second head-dim piece's,
+        # then the first's; V^T's copy, [0, start_n], is FP8's alone: left), and the bytes each
+        # copy's barrier expects.
+        sub(rf"tma\.async_copy_global_to_shared\((({loads})_desc1?), \[([^\[\]]+?), 0\], ", r"_load4(\1, \3, ",
+            2 * len(loads.split("|")))
+        sub(rf"\b(({loads})_desc1?)\.block_type\.nbytes", r"\1[0].block_type.nbytes", 3 * len(loads.split("|")))
+    if "Out" in maps:
+        sub(r"tma\.async_copy_shared_to_global\((o_desc1?), \[(\w+), 0\], ", r"_store4(\1, \2, ", 2)
+    # The kernel: the maps come as the tensors' arguments; a descriptor is (map, batch, head).
     for name in ("Q", "K", "V"):
-        replace(f"    {name} = fp8_pointer({name}, FP8)\n", "")
-    replace("dtype: gl.constexpr = Q.dtype.element_ty", "dtype: gl.constexpr = Q.dtype")
-    replace("out_dtype: gl.constexpr = Out.dtype.element_ty", "out_dtype: gl.constexpr = Out.dtype")
-    for base in ("q_base", "k_base", "o_base"):
-        sub(rf"\n    {base} = [^\n]+", "", 1)
-    sub(r"\n        v_base = V \+ batch \* stride_vb \+ k_start[^\n]+", "", 1)
-    sub(r"q_desc = tma\.make_tensor_descriptor\(q_base[^\n]+", "q_desc = (Q, batch.to(gl.int32), head)", 1)
-    sub(r"k_desc = tma\.make_tensor_descriptor\(k_base[^\n]+", "k_desc = (K, batch.to(gl.int32), kv_head)", 1)
-    sub(r"o_desc = tma\.make_tensor_descriptor\(o_base[^\n]+", "o_desc = (Out, batch.to(gl.int32), head)", 1)
-    sub(r"v_desc = tma\.make_tensor_descriptor\(v_base, \[seqlen_k[^\n]+", "v_desc = (V, batch.to(gl.int32), kv_head)", 1)
+        if name in maps:
+            replace(f"    {name} = fp8_pointer({name}, FP8)\n", "")
+    if "Q" in maps:
+        replace("dtype: gl.constexpr = Q.dtype.element_ty", "dtype: gl.constexpr = Q.dtype")
+    if "Out" in maps:
+        replace("out_dtype: gl.constexpr = Out.dtype.element_ty", "out_dtype: gl.constexpr = Out.dtype")
+    head = {"Q": "head", "K": "kv_head", "V": "kv_head", "Out": "head"}
+    for name in maps:
+        x = _DESC[name]
+        indent = "        " if name == "V" else "    "  # V's are in the branch without FP8
+        sub(rf"\n{indent}{x}_base = {name} \+ batch \* stride_{x}b \+ [qk]_start[^\n]+", "", 1)
+        sub(rf"{x}_desc = tma\.make_tensor_descriptor\({x}_base, \[seqlen_[qk][^\n]+",
+            f"{x}_desc = ({name}, batch.to(gl.int32), {head[name]})", 1)
     replace("    gl.static_assert(TILE_LOOP,",
             "    gl.static_assert((FP8 == 0) & (SCORE_MOD != BIAS_TMA), \"host maps: 16-bit inputs, no bias\")\n"
             "    gl.static_assert(TILE_LOOP,")
@@ -111,14 +130,16 @@ def map_layouts(head_dim_bucket: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=4)
 
 
-def write_copy() -> str:
-    """Writes the rewritten kernel beside forward_sm90.py; returns its module name."""
-    (ROOT / "triton_src" / f"{COPY}.py").write_text(host_maps_source((ROOT / "triton_src" / "forward_sm90.py")
-                                                                     .read_text()))
-    return f"triton_src.{COPY}"
+def write_copy(maps=MAPS) -> str:
+    """Writes the kernel rewritten for `maps` beside forward_sm90.py; returns its module name (one
+    per set of maps, so that a run can import several)."""
+    name = f"{COPY}_{'_'.join(_DESC[m] for m in MAPS if m in maps)}"
+    (ROOT / "triton_src" / f"{name}.py").write_text(host_maps_source((ROOT / "triton_src" / "forward_sm90.py")
+                                                                     .read_text(), maps))
+    return f"triton_src.{name}"
 
 
-def compile_check(head_dim: int = 128, arch: int = 90) -> dict:
+def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS) -> dict:
     """Compiles the copy's plain variant for `arch` without a GPU; returns what its PTX holds."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -127,17 +148,17 @@ def compile_check(head_dim: int = 128, arch: int = 90) -> dict:
     from aot_build import grid
     from aot_build.signatures import triton_signature
 
-    module = importlib.import_module(write_copy())
+    module = importlib.import_module(write_copy(maps))
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch), "FATTN_HEAD_DIMS": str(head_dim)})
                    if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and not v.constant_dict["FP8"]
                    and v.constant_dict["SCORE_MOD"] == 0)
     c = variant.constant_dict
     signature, attrs = triton_signature("attn_fwd_sm90", variant.dtype)
     layout = map_layouts(c["BLOCK_D"])
-    rows = {"Q": 64, "Out": 64, "K": c["BLOCK_N"], "V": c["BLOCK_N"]}
+    rows = {"Q": 64, "K": c["BLOCK_N"], "V": c["BLOCK_N"], "Out": 64}
     names = list(signature)
-    for name, box_rows in rows.items():
-        signature[name] = f"tensordesc<bf16[1, {box_rows}, 1, {c['BLOCK_D']}],{layout}>"
+    for name in maps:
+        signature[name] = f"tensordesc<bf16[1, {rows[name]}, 1, {c['BLOCK_D']}],{layout}>"
         attrs.pop((names.index(name),), None)  # a pointer's alignment: not a map's
     src = gluon._runtime.GluonASTSource(module.attn_fwd_sm90, signature, variant.constant_dict, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -149,15 +170,16 @@ def compile_check(head_dim: int = 128, arch: int = 90) -> dict:
             "maps": [m["block_size"] for m in compiled.metadata.tensordesc_meta]}
 
 
-def host_maps(q, k, v, out, block_n: int):
-    """The four rank-4 maps over dense [batch, seqlen, heads, head_dim] tensors, boxes as the
-    kernel's tiles: 64 query rows per consumer, block_n keys."""
+def host_maps(q, k, v, out, block_n: int, maps=MAPS) -> dict:
+    """The rank-4 maps named in `maps` over dense [batch, seqlen, heads, head_dim] tensors, boxes as
+    the kernel's tiles: 64 query rows per consumer, block_n keys."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     bucket = 1 << (q.shape[-1] - 1).bit_length()
     layout = map_layouts(bucket)
+    tensors = {"Q": (q, 64), "K": (k, block_n), "V": (v, block_n), "Out": (out, 64)}
     return {name: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, bucket], layout)
-            for name, t, rows in (("Q", q, 64), ("K", k, block_n), ("V", v, block_n), ("Out", out, 64))}
+            for name, (t, rows) in tensors.items() if name in maps}
 
 
 def main(argv=None) -> int:
@@ -166,9 +188,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlens", default="1024,2048,4096")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--maps", default="Q,K,V,Out;K,V;Q,Out",
+                        help="the sets of host-made maps to time, ';' between sets (each against the library kernel)")
     parser.add_argument("--pairs", type=int, default=4, help="interleaved timing pairs per case")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    map_sets = [tuple(m for m in MAPS if m in chosen.split(",")) for chosen in args.maps.split(";")]
+    for chosen, kept in zip(args.maps.split(";"), map_sets):
+        if not kept or set(chosen.split(",")) - set(MAPS):
+            parser.error(f"--maps: {chosen!r} is not a set of {', '.join(MAPS)}")
 
     import torch
 
@@ -184,7 +212,7 @@ def main(argv=None) -> int:
     from tuning.tune import Problem, graph_replay
     from tuning.tune_tile_loop import _looping_tiles
 
-    copy = importlib.import_module(write_copy()).ATTN_FWD_SM90
+    copies = {maps: importlib.import_module(write_copy(maps)).ATTN_FWD_SM90 for maps in map_sets}
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -196,29 +224,34 @@ def main(argv=None) -> int:
                 p = Problem(batch, s, heads, heads, d, causal)
                 programs = library.query_tile_programs(-(-s // tiles.block_m), batch * heads, sms, causal)
                 variant = launch.Variant(causal=causal)
-                out = torch.full_like(p.q, float("nan"))
-                maps = host_maps(p.q, p.k, p.v, out, tiles.block_n)
 
                 def library_kernel():
                     return launch.forward(p.q, p.k, p.v, tiles, variant, spec=ATTN_FWD_SM90, programs=programs)[0]
 
-                def with_maps():
-                    launch.forward(p.q, p.k, p.v, tiles, variant, spec=copy, programs=programs, replace=maps)
-                    return out
-
                 want = library_kernel()
-                got = with_maps()
-                if not torch.equal(got, want):
-                    bad = (got != want).sum().item()
-                    raise RuntimeError(f"d{d} s{s} causal={causal}: the host-map copy differs in {bad} elements")
-                ms = interleaved_ms({"in_kernel": graph_replay(library_kernel), "host_maps": graph_replay(with_maps)},
-                                    pairs=args.pairs)
+                timed = {"in_kernel": graph_replay(library_kernel)}
+                for maps, copy in copies.items():
+                    out = torch.full_like(p.q, float("nan"))
+                    given = host_maps(p.q, p.k, p.v, out, tiles.block_n, maps)
+
+                    def with_maps(copy=copy, given=given, out=out):
+                        # Out, where it is not a map, is the launcher's own tensor: take the result from it.
+                        result = launch.forward(p.q, p.k, p.v, tiles, variant, spec=copy, programs=programs,
+                                                replace=given)[0]
+                        return out if "Out" in given else result
+
+                    got = with_maps()
+                    if not torch.equal(got, want):
+                        bad = (got != want).sum().item()
+                        raise RuntimeError(f"d{d} s{s} causal={causal} maps {maps}: the copy differs in {bad} elements")
+                    timed["+".join(maps)] = graph_replay(with_maps)
+                ms = interleaved_ms(timed, pairs=args.pairs)
                 row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
                        "ms": {k: round(v, 4) for k, v in ms.items()},
-                       "speedup": round(ms["in_kernel"] / ms["host_maps"], 3)}
+                       "speedup": {k: round(ms["in_kernel"] / v, 3) for k, v in ms.items() if k != "in_kernel"}}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-                p = out = maps = None
+                p = timed = None
                 torch.cuda.empty_cache()
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

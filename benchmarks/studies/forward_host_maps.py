@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     import triton
 
     import fattn._library as library
-    from common import interleaved_ms
+    from common import interleaved_ms, write_ab_rows
     from triton_src.forward_sm90 import ATTN_FWD_SM90
     from tuning import launch
     from tuning.tune import Problem, graph_replay
@@ -254,8 +254,7 @@ def main(argv=None) -> int:
                 p = timed = None
                 torch.cuda.empty_cache()
     if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                        "triton": triton.__version__, "rows": rows}, indent=1) + "\n")
+        write_ab_rows(args.out, rows)
     return 0
 
 

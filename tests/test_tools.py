@@ -366,15 +366,26 @@ def test_forward_host_maps_rewrite_fits_the_kernel_as_it_is():
     assert some.count("_load4(") == 4 + 1 and some.count("_store4(") == 1
     with pytest.raises(ValueError, match="maps must be some of"):
         forward_host_maps.host_maps_source(source, ("Bias",))
+    # Out by plain stores: its descriptor is a (base, row stride, head_dim) triple, no TMA store.
+    stores = forward_host_maps.host_maps_source(source, (), out_stores=True)
+    ast.parse(stores)
+    assert "o_desc = (o_base, stride_os, head_dim)" in stores and "_store_rows(o_desc, row0, out, seqlen_q)" in stores
+    assert "tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)" not in stores
+    with pytest.raises(ValueError, match="maps must be some of"):
+        forward_host_maps.host_maps_source(source, ("Out",), out_stores=True)
 
 
 def test_forward_host_maps_copy_compiles_without_in_kernel_descriptors():
     # The rewritten kernel, compiled for sm_90 with the maps in its signature: no tensormap
     # field writes are left (the per-program setup the study removes), every TMA copy is 4-D, and
     # the maps' boxes are the tiles' (Triton splits a 128-column tile into two 64-column copies).
-    result = _study("forward_host_maps").compile_check(128)
+    study = _study("forward_host_maps")
+    result = study.compile_check(128)
     assert result["tensormap_replace"] == 0 and result["tma_2d"] == 0 and result["tma_4d"] >= 4
     assert result["maps"] == [[1, 64, 1, 64], [1, 128, 1, 64], [1, 128, 1, 64], [1, 64, 1, 64]]
+    # Out by plain stores: three descriptors of 13 fields each are left, none of them Out's.
+    stores = study.compile_check(128, maps=(), out_stores=True)
+    assert stores["tensormap_replace"] == 3 * 13 and stores["maps"] == []
 
 
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):

@@ -17,8 +17,9 @@ the kernel's 2-D shared-memory tile as the map's [1, rows, 1, columns] box. The 
 otherwise the same, so the copy must give the library kernel's output to the bit; the study
 then times them, interleaved, on the op's programs per (head, batch). --maps names the sets of
 tensors made maps (default: all four, K and V alone, Q and Out alone), each set its own copy,
-so that a run says what each pair of descriptors costs: Q's and Out's could also go without a
-descriptor inside the kernel (plain loads and stores), K's and V's not. Dense bf16 calls of the
+so that a run says what each pair of descriptors costs; `stores` in a set writes Out by plain
+masked stores from the registers instead (no descriptor, no map): the one descriptor a kernel
+can drop without a new launch ABI. Dense bf16 calls of the
 power-of-two buckets without a bias (the variant the rewrite covers: no FP8, no second
 head-dim piece).
 
@@ -62,6 +63,18 @@ def _store4(desc, row, smem):
     tma.async_copy_shared_to_global(tile_map, [batch, row, head, 0], smem._reinterpret(smem.dtype, box,
                                                                                       tile_map.layout))
 
+
+@gluon.jit
+def _store_rows(desc, row0, out, seqlen_q):
+    """Out's rows [row0, row0 + rows) from the accumulator's registers by plain masked stores: no
+    descriptor (desc: this (sequence, head)'s base, row stride and head_dim)."""
+    base, stride, head_dim = desc
+    layout: gl.constexpr = out.type.layout
+    rows = row0 + gl.arange(0, out.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, layout))
+    gl.store(base + rows.to(gl.int64)[:, None] * stride + cols[None, :], out.to(base.dtype.element_ty),
+             mask=(rows < seqlen_q)[:, None] & (cols < head_dim)[None, :])
+
 '''
 
 
@@ -69,13 +82,14 @@ MAPS = ("Q", "K", "V", "Out")  # the kernel's tensors that TMA reads or writes
 _DESC = {"Q": "q", "K": "k", "V": "v", "Out": "o"}  # each one's descriptor, <x>_desc
 
 
-def host_maps_source(src: str, maps=MAPS) -> str:
+def host_maps_source(src: str, maps=MAPS, out_stores: bool = False) -> str:
     """triton_src/forward_sm90.py's text with the tensors named in `maps` (of MAPS) as host-made
-    rank-4 maps, the others' descriptors made in the kernel as before. Each edit is anchored on the
-    kernel's text; an anchor found other than expected raises (the kernel changed: move the
+    rank-4 maps, the others' descriptors made in the kernel as before; out_stores (Out not a map):
+    Out written by plain stores from the registers, without a descriptor. Each edit is anchored on
+    the kernel's text; an anchor found other than expected raises (the kernel changed: move the
     anchor)."""
-    if not maps or set(maps) - set(MAPS):
-        raise ValueError(f"forward_host_maps: maps must be some of {MAPS}, got {maps}")
+    if set(maps) - set(MAPS) or not (maps or out_stores) or (out_stores and "Out" in maps):
+        raise ValueError(f"forward_host_maps: maps must be some of {MAPS} (Out not with out_stores), got {maps}")
 
     def replace(old: str, new: str, count: int = 1) -> None:
         nonlocal src
@@ -99,6 +113,10 @@ def host_maps_source(src: str, maps=MAPS) -> str:
         sub(rf"\b(({loads})_desc1?)\.block_type\.nbytes", r"\1[0].block_type.nbytes", 3 * len(loads.split("|")))
     if "Out" in maps:
         sub(r"tma\.async_copy_shared_to_global\((o_desc1?), \[(\w+), 0\], ", r"_store4(\1, \2, ", 2)
+    if out_stores:  # the power-of-two buckets' epilogue: no staging tile, no TMA store
+        replace("        staging.store(out.to(staging.dtype))\n", "        _store_rows(o_desc, row0, out, seqlen_q)\n")
+        replace("        tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)\n", "")
+        sub(r"o_desc = tma\.make_tensor_descriptor\(o_base, \[seqlen_q[^\n]+", "o_desc = (o_base, stride_os, head_dim)", 1)
     # The kernel: the maps come as the tensors' arguments; a descriptor is (map, batch, head).
     for name in ("Q", "K", "V"):
         if name in maps:
@@ -114,9 +132,9 @@ def host_maps_source(src: str, maps=MAPS) -> str:
         sub(rf"\n{indent}{x}_base = {name} \+ batch \* stride_{x}b \+ [qk]_start[^\n]+", "", 1)
         sub(rf"{x}_desc = tma\.make_tensor_descriptor\({x}_base, \[seqlen_[qk][^\n]+",
             f"{x}_desc = ({name}, batch.to(gl.int32), {head[name]})", 1)
-    replace("    gl.static_assert(TILE_LOOP,",
-            "    gl.static_assert((FP8 == 0) & (SCORE_MOD != BIAS_TMA), \"host maps: 16-bit inputs, no bias\")\n"
-            "    gl.static_assert(TILE_LOOP,")
+    fp8_rule = '    gl.static_assert((FP8 == 0) | (D1 == 0), "FP8 inputs: the power-of-two buckets")\n'
+    replace(fp8_rule, fp8_rule + "    gl.static_assert((FP8 == 0) & (SCORE_MOD != BIAS_TMA) & (D1 == 0) & (BLOCK_D <= 128),\n"
+            "                     \"host maps: 16-bit inputs, no bias, a power-of-two bucket up to 128\")\n")
     replace("\n\n@gluon.jit\ndef head_alibi_log2(", _HELPERS + "\n@gluon.jit\ndef head_alibi_log2(")
     return src
 
@@ -130,16 +148,16 @@ def map_layouts(head_dim_bucket: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=4)
 
 
-def write_copy(maps=MAPS) -> str:
-    """Writes the kernel rewritten for `maps` beside forward_sm90.py; returns its module name (one
-    per set of maps, so that a run can import several)."""
-    name = f"{COPY}_{'_'.join(_DESC[m] for m in MAPS if m in maps)}"
+def write_copy(maps=MAPS, out_stores: bool = False) -> str:
+    """Writes the kernel rewritten for `maps` (and out_stores) beside forward_sm90.py; returns its
+    module name (one per choice, so that a run can import several)."""
+    name = f"{COPY}_{'_'.join([_DESC[m] for m in MAPS if m in maps] + (['ostores'] if out_stores else []))}"
     (ROOT / "triton_src" / f"{name}.py").write_text(host_maps_source((ROOT / "triton_src" / "forward_sm90.py")
-                                                                     .read_text(), maps))
+                                                                     .read_text(), maps, out_stores))
     return f"triton_src.{name}"
 
 
-def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS) -> dict:
+def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS, out_stores: bool = False) -> dict:
     """Compiles the copy's plain variant for `arch` without a GPU; returns what its PTX holds."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -148,7 +166,7 @@ def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS) -> dict:
     from aot_build import grid
     from aot_build.signatures import triton_signature
 
-    module = importlib.import_module(write_copy(maps))
+    module = importlib.import_module(write_copy(maps, out_stores))
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch), "FATTN_HEAD_DIMS": str(head_dim)})
                    if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and not v.constant_dict["FP8"]
                    and v.constant_dict["SCORE_MOD"] == 0)
@@ -188,15 +206,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlens", default="1024,2048,4096")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--maps", default="Q,K,V,Out;K,V;Q,Out",
-                        help="the sets of host-made maps to time, ';' between sets (each against the library kernel)")
+    parser.add_argument("--maps", default="Q,K,V,Out;K,V;Q,Out;stores",
+                        help="the sets of host-made maps to time, ';' between sets, each against the library "
+                             "kernel; 'stores' in a set: Out by plain stores, without a descriptor")
     parser.add_argument("--pairs", type=int, default=4, help="interleaved timing pairs per case")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    map_sets = [tuple(m for m in MAPS if m in chosen.split(",")) for chosen in args.maps.split(";")]
-    for chosen, kept in zip(args.maps.split(";"), map_sets):
-        if not kept or set(chosen.split(",")) - set(MAPS):
-            parser.error(f"--maps: {chosen!r} is not a set of {', '.join(MAPS)}")
+    choices = []  # (maps, out_stores) per set
+    for chosen in args.maps.split(";"):
+        names = chosen.split(",")
+        maps, out_stores = tuple(m for m in MAPS if m in names), "stores" in names
+        if set(names) - set(MAPS) - {"stores"} or not (maps or out_stores) or (out_stores and "Out" in maps):
+            parser.error(f"--maps: {chosen!r} is not a set of {', '.join(MAPS)} (or 'stores', without Out)")
+        choices.append((maps, out_stores))
 
     import torch
 
@@ -212,7 +234,7 @@ def main(argv=None) -> int:
     from tuning.tune import Problem, graph_replay
     from tuning.tune_tile_loop import _looping_tiles
 
-    copies = {maps: importlib.import_module(write_copy(maps)).ATTN_FWD_SM90 for maps in map_sets}
+    copies = {choice: importlib.import_module(write_copy(*choice)).ATTN_FWD_SM90 for choice in choices}
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -230,7 +252,7 @@ def main(argv=None) -> int:
 
                 want = library_kernel()
                 timed = {"in_kernel": graph_replay(library_kernel)}
-                for maps, copy in copies.items():
+                for (maps, out_stores), copy in copies.items():
                     out = torch.full_like(p.q, float("nan"))
                     given = host_maps(p.q, p.k, p.v, out, tiles.block_n, maps)
 
@@ -243,8 +265,9 @@ def main(argv=None) -> int:
                     got = with_maps()
                     if not torch.equal(got, want):
                         bad = (got != want).sum().item()
-                        raise RuntimeError(f"d{d} s{s} causal={causal} maps {maps}: the copy differs in {bad} elements")
-                    timed["+".join(maps)] = graph_replay(with_maps)
+                        raise RuntimeError(f"d{d} s{s} causal={causal} maps {maps} out_stores={out_stores}: "
+                                           f"the copy differs in {bad} elements")
+                    timed["+".join(maps + (("Out stores",) if out_stores else ()))] = graph_replay(with_maps)
                 ms = interleaved_ms(timed, pairs=args.pairs)
                 row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
                        "ms": {k: round(v, 4) for k, v in ms.items()},

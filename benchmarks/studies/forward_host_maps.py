@@ -274,10 +274,10 @@ def main(argv=None) -> int:
                        "speedup": {k: round(ms["in_kernel"] / v, 3) for k, v in ms.items() if k != "in_kernel"}}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+                if args.out:  # after each case: a run cut short keeps what it measured
+                    write_ab_rows(args.out, rows)
                 p = timed = None
                 torch.cuda.empty_cache()
-    if args.out:
-        write_ab_rows(args.out, rows)
     return 0
 
 

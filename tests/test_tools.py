@@ -379,13 +379,18 @@ def test_forward_host_maps_copy_compiles_without_in_kernel_descriptors():
     # The rewritten kernel, compiled for sm_90 with the maps in its signature: no tensormap
     # field writes are left (the per-program setup the study removes), every TMA copy is 4-D, and
     # the maps' boxes are the tiles' (Triton splits a 128-column tile into two 64-column copies).
+    from aot_build.compiler import _kernel_source_digest
+
     study = _study("forward_host_maps")
+    digest = _kernel_source_digest()
     result = study.compile_check(128)
     assert result["tensormap_replace"] == 0 and result["tma_2d"] == 0 and result["tma_4d"] >= 4
     assert result["maps"] == [[1, 64, 1, 64], [1, 128, 1, 64], [1, 128, 1, 64], [1, 64, 1, 64]]
     # Out by plain stores: three descriptors of 13 fields each are left, none of them Out's.
     stores = study.compile_check(128, maps=(), out_stores=True)
     assert stores["tensormap_replace"] == 3 * 13 and stores["maps"] == []
+    # The copies live outside triton_src/: a file there would change every cached kernel's key.
+    assert _kernel_source_digest() == digest
 
 
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):

@@ -9,8 +9,8 @@ call can have them made once, by the host: rank-4 maps over [batch, seqlen, head
 clip each sequence at its end as the per-(sequence, head) ones do, a tile's coordinates being
 [batch, row, head, column].
 
-host_maps_source() rewrites the kernel's text into that form (written beside it as
-forward_sm90_host_maps.py and launched through Triton's JIT, which encodes the maps it is given
+host_maps_source() rewrites the kernel's text into that form (imported as a module of
+triton_src by kernel_copy.py and launched through Triton's JIT, which encodes the maps it is given
 as TensorDescriptor arguments at each launch): Q, K, V and Out arrive as maps, each descriptor
 becomes a (map, batch, head) tuple, and every TMA copy goes through _load4 / _store4, which view
 the kernel's 2-D shared-memory tile as the map's [1, rows, 1, columns] box. The kernel is
@@ -32,7 +32,6 @@ Needs an sm_90 GPU and a built library for the timing (the op's programs per pai
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import re
 import sys
@@ -41,8 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-COPY = "forward_sm90_host_maps"  # the rewritten kernel's module, in triton_src/
+from kernel_copy import import_copy  # noqa: E402
+
+COPY = "forward_sm90_host_maps"  # the rewritten kernel's module name in triton_src (kernel_copy.py)
 
 _HELPERS = '''
 
@@ -148,13 +150,12 @@ def map_layouts(head_dim_bucket: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=4)
 
 
-def write_copy(maps=MAPS, out_stores: bool = False) -> str:
-    """Writes the kernel rewritten for `maps` (and out_stores) beside forward_sm90.py; returns its
-    module name (one per choice, so that a run can import several)."""
+def copy_module(maps=MAPS, out_stores: bool = False):
+    """The kernel rewritten for `maps` (and out_stores), imported as a module of triton_src (one
+    per choice, so that a run can time several; kernel_copy.py says where it lives)."""
     name = f"{COPY}_{'_'.join([_DESC[m] for m in MAPS if m in maps] + (['ostores'] if out_stores else []))}"
-    (ROOT / "triton_src" / f"{name}.py").write_text(host_maps_source((ROOT / "triton_src" / "forward_sm90.py")
-                                                                     .read_text(), maps, out_stores))
-    return f"triton_src.{name}"
+    source = host_maps_source((ROOT / "triton_src" / "forward_sm90.py").read_text(), maps, out_stores)
+    return import_copy(name, source)
 
 
 def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS, out_stores: bool = False) -> dict:
@@ -166,7 +167,7 @@ def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS, out_stores: bo
     from aot_build import grid
     from aot_build.signatures import triton_signature
 
-    module = importlib.import_module(write_copy(maps, out_stores))
+    module = copy_module(maps, out_stores)
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch), "FATTN_HEAD_DIMS": str(head_dim)})
                    if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and not v.constant_dict["FP8"]
                    and v.constant_dict["SCORE_MOD"] == 0)
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
     from tuning.tune import Problem, graph_replay
     from tuning.tune_tile_loop import _looping_tiles
 
-    copies = {choice: importlib.import_module(write_copy(*choice)).ATTN_FWD_SM90 for choice in choices}
+    copies = {choice: copy_module(*choice).ATTN_FWD_SM90 for choice in choices}
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []

@@ -3,8 +3,8 @@ the programs an SM runs in turn.
 
     python benchmarks/studies/forward_timeline.py --head-dims 128 --seqlens 1024,4096 --out timeline.json
 
-A copy of triton_src/forward_sm90.py with clock reads added (timed_source; written beside it as
-forward_sm90_timed.py and launched through Triton's JIT) records, per program, in a buffer the
+A copy of triton_src/forward_sm90.py with clock reads added (timed_source; imported as a module
+of triton_src by kernel_copy.py and launched through Triton's JIT) records, per program, in a buffer the
 plain variant's unused Bias pointer carries:
 - %globaltimer at the kernel's entry (before the descriptors), after the descriptors, at the
   first consumer's entry and at its exit, and the SM it ran on;
@@ -24,7 +24,6 @@ Needs an sm_90 GPU and a built library (for the op's programs per pair).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SLOTS = 8192  # int64 clock slots per program
 ROUNDS, CONSUMER0, CONSUMER1, PRODUCER, Q_ISSUE = 8, 1024, 3072, 5120, 7168  # where each record starts
@@ -155,9 +155,10 @@ def main(argv=None) -> int:
     from tuning.tune import Problem, graph_replay
     from tuning.tune_tile_loop import _looping_tiles
 
-    (ROOT / "triton_src" / "forward_sm90_timed.py").write_text(timed_source(
-        (ROOT / "triton_src" / "forward_sm90.py").read_text()))
-    timed = importlib.import_module("triton_src.forward_sm90_timed").ATTN_FWD_SM90
+    from kernel_copy import import_copy
+
+    timed = import_copy("forward_sm90_timed", timed_source((ROOT / "triton_src" / "forward_sm90.py").read_text())
+                        ).ATTN_FWD_SM90
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 

@@ -386,9 +386,6 @@ def test_forward_host_maps_copy_compiles_without_in_kernel_descriptors():
     result = study.compile_check(128)
     assert result["tensormap_replace"] == 0 and result["tma_2d"] == 0 and result["tma_4d"] >= 4
     assert result["maps"] == [[1, 64, 1, 64], [1, 128, 1, 64], [1, 128, 1, 64], [1, 64, 1, 64]]
-    # Out by plain stores: three descriptors of 13 fields each are left, none of them Out's.
-    stores = study.compile_check(128, maps=(), out_stores=True)
-    assert stores["tensormap_replace"] == 3 * 13 and stores["maps"] == []
     # The copies live outside triton_src/: a file there would change every cached kernel's key.
     assert _kernel_source_digest() == digest
 

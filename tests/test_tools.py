@@ -345,6 +345,22 @@ def _study(name: str):
         sys.path.remove(str(ROOT / "benchmarks" / "studies"))
 
 
+def test_forward_studies_cases_are_the_ops_calls():
+    # The Hopper forward studies' cases: per head dim and length, causal then not, the problem of
+    # `tokens` tokens and hidden // d heads, with the op's programs per (head, batch).
+    import fattn._library as library
+
+    cases = list(_study("forward_cases").forward_cases("64,128", "256,512", 1024, 256, 132))
+    assert [(c.head_dim, c.seqlen, c.causal) for c in cases] == [
+        (d, s, causal) for d in (64, 128) for s in (256, 512) for causal in (True, False)]
+    for c in cases:
+        assert tuple(c.problem.q.shape) == (1024 // c.seqlen, c.seqlen, 256 // c.head_dim, c.head_dim)
+        assert c.variant.causal == c.causal
+        tiles_m = -(-c.seqlen // c.tiles.block_m)
+        assert c.programs == library.query_tile_programs(tiles_m, (1024 // c.seqlen) * (256 // c.head_dim), 132,
+                                                         c.causal) >= 1
+
+
 def test_forward_host_maps_rewrite_fits_the_kernel_as_it_is():
     # The study rewrites triton_src/forward_sm90.py's descriptors and TMA copies by anchoring on
     # the kernel's text; a kernel edit that moves one must fail here, not on the next GPU run.

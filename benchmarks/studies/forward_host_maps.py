@@ -141,13 +141,18 @@ def host_maps_source(src: str, maps=MAPS, out_stores: bool = False) -> str:
     return src
 
 
-def map_layouts(head_dim_bucket: int):
-    """The NVMMA layouts of the kernel's tiles for a power-of-two bf16 bucket (forward_sm90.py's
-    tile_layout and out_layout), as rank-4 layouts of the maps' boxes."""
+def map_layout(head_dim_bucket: int):
+    """The maps' box layout for a power-of-two bf16 bucket: forward_sm90.py's tile_layout (its
+    out_layout is the same for bf16) at rank 4."""
     from triton.experimental.gluon import language as gl
 
     swizzle = 128 if head_dim_bucket * 2 >= 128 else head_dim_bucket * 2
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=4)
+
+
+def box_rows(block_n: int) -> dict:
+    """Each map's box rows, as the kernel's tiles: 64 query rows per consumer, block_n keys."""
+    return {"Q": 64, "K": block_n, "V": block_n, "Out": 64}
 
 
 def copy_module(maps=MAPS, out_stores: bool = False):
@@ -173,8 +178,8 @@ def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS, out_stores: bo
                    and v.constant_dict["SCORE_MOD"] == 0)
     c = variant.constant_dict
     signature, attrs = triton_signature("attn_fwd_sm90", variant.dtype)
-    layout = map_layouts(c["BLOCK_D"])
-    rows = {"Q": 64, "K": c["BLOCK_N"], "V": c["BLOCK_N"], "Out": 64}
+    layout = map_layout(c["BLOCK_D"])
+    rows = box_rows(c["BLOCK_N"])
     names = list(signature)
     for name in maps:
         signature[name] = f"tensordesc<bf16[1, {rows[name]}, 1, {c['BLOCK_D']}],{layout}>"
@@ -191,14 +196,15 @@ def compile_check(head_dim: int = 128, arch: int = 90, maps=MAPS, out_stores: bo
 
 def host_maps(q, k, v, out, block_n: int, maps=MAPS) -> dict:
     """The rank-4 maps named in `maps` over dense [batch, seqlen, heads, head_dim] tensors, boxes as
-    the kernel's tiles: 64 query rows per consumer, block_n keys."""
+    the kernel's tiles (box_rows)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     bucket = 1 << (q.shape[-1] - 1).bit_length()
-    layout = map_layouts(bucket)
-    tensors = {"Q": (q, 64), "K": (k, block_n), "V": (v, block_n), "Out": (out, 64)}
-    return {name: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, bucket], layout)
-            for name, (t, rows) in tensors.items() if name in maps}
+    layout = map_layout(bucket)
+    rows = box_rows(block_n)
+    tensors = {"Q": q, "K": k, "V": v, "Out": out}
+    return {name: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows[name], 1, bucket], layout)
+            for name, t in tensors.items() if name in maps}
 
 
 def main(argv=None) -> int:
@@ -228,57 +234,51 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    import fattn._library as library
     from common import interleaved_ms, write_ab_rows
     from triton_src.forward_sm90 import ATTN_FWD_SM90
     from tuning import launch
-    from tuning.tune import Problem, graph_replay
-    from tuning.tune_tile_loop import _looping_tiles
+    from tuning.tune import graph_replay
+
+    from forward_cases import forward_cases
 
     copies = {choice: copy_module(*choice).ATTN_FWD_SM90 for choice in choices}
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for d in (int(x) for x in args.head_dims.split(",")):
-        _, tiles = _looping_tiles(90, d)
-        for s in (int(x) for x in args.seqlens.split(",")):
-            for causal in (True, False):
-                heads, batch = args.hidden // d, max(1, args.tokens // s)
-                p = Problem(batch, s, heads, heads, d, causal)
-                programs = library.query_tile_programs(-(-s // tiles.block_m), batch * heads, sms, causal)
-                variant = launch.Variant(causal=causal)
+    for case in forward_cases(args.head_dims, args.seqlens, args.tokens, args.hidden, sms):
+        d, s, causal, tiles, p, programs, variant = case
 
-                def library_kernel():
-                    return launch.forward(p.q, p.k, p.v, tiles, variant, spec=ATTN_FWD_SM90, programs=programs)[0]
+        def library_kernel():
+            return launch.forward(p.q, p.k, p.v, tiles, variant, spec=ATTN_FWD_SM90, programs=programs)[0]
 
-                want = library_kernel()
-                timed = {"in_kernel": graph_replay(library_kernel)}
-                for (maps, out_stores), copy in copies.items():
-                    out = torch.full_like(p.q, float("nan"))
-                    given = host_maps(p.q, p.k, p.v, out, tiles.block_n, maps)
+        want = library_kernel()
+        timed = {"in_kernel": graph_replay(library_kernel)}
+        for (maps, out_stores), copy in copies.items():
+            out = torch.full_like(p.q, float("nan"))
+            given = host_maps(p.q, p.k, p.v, out, tiles.block_n, maps)
 
-                    def with_maps(copy=copy, given=given, out=out):
-                        # Out, where it is not a map, is the launcher's own tensor: take the result from it.
-                        result = launch.forward(p.q, p.k, p.v, tiles, variant, spec=copy, programs=programs,
-                                                replace=given)[0]
-                        return out if "Out" in given else result
+            def with_maps(copy=copy, given=given, out=out):
+                # Out, where it is not a map, is the launcher's own tensor: take the result from it.
+                result = launch.forward(p.q, p.k, p.v, tiles, variant, spec=copy, programs=programs,
+                                        replace=given)[0]
+                return out if "Out" in given else result
 
-                    got = with_maps()
-                    if not torch.equal(got, want):
-                        bad = (got != want).sum().item()
-                        raise RuntimeError(f"d{d} s{s} causal={causal} maps {maps} out_stores={out_stores}: "
-                                           f"the copy differs in {bad} elements")
-                    timed["+".join(maps + (("Out stores",) if out_stores else ()))] = graph_replay(with_maps)
-                ms = interleaved_ms(timed, pairs=args.pairs)
-                row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
-                       "ms": {k: round(v, 4) for k, v in ms.items()},
-                       "speedup": {k: round(ms["in_kernel"] / v, 3) for k, v in ms.items() if k != "in_kernel"}}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-                if args.out:  # after each case: a run cut short keeps what it measured
-                    write_ab_rows(args.out, rows)
-                p = timed = None
-                torch.cuda.empty_cache()
+            got = with_maps()
+            if not torch.equal(got, want):
+                bad = (got != want).sum().item()
+                raise RuntimeError(f"d{d} s{s} causal={causal} maps {maps} out_stores={out_stores}: "
+                                   f"the copy differs in {bad} elements")
+            timed["+".join(maps + (("Out stores",) if out_stores else ()))] = graph_replay(with_maps)
+        ms = interleaved_ms(timed, pairs=args.pairs)
+        row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
+               "ms": {k: round(v, 4) for k, v in ms.items()},
+               "speedup": {k: round(ms["in_kernel"] / v, 3) for k, v in ms.items() if k != "in_kernel"}}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        if args.out:  # after each case: a run cut short keeps what it measured
+            write_ab_rows(args.out, rows)
+        case = p = timed = None
+        torch.cuda.empty_cache()
     return 0
 
 

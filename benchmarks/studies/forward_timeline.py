@@ -148,13 +148,12 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    import fattn._library as library
     from common import interleaved_ms
     from triton_src.forward_sm90 import ATTN_FWD_SM90
     from tuning import launch
-    from tuning.tune import Problem, graph_replay
-    from tuning.tune_tile_loop import _looping_tiles
+    from tuning.tune import graph_replay
 
+    from forward_cases import forward_cases
     from kernel_copy import import_copy
 
     timed = import_copy("forward_sm90_timed", timed_source((ROOT / "triton_src" / "forward_sm90.py").read_text())
@@ -167,35 +166,30 @@ def main(argv=None) -> int:
         return launch.forward(p.q, p.k, p.v, tiles, variant, spec=spec, programs=programs, replace=replace)[0]
 
     rows = []
-    for d in (int(x) for x in args.head_dims.split(",")):
-        _, tiles = _looping_tiles(90, d)
-        for s in (int(x) for x in args.seqlens.split(",")):
-            for causal in (True, False):
-                heads, batch = args.hidden // d, max(1, args.tokens // s)
-                p = Problem(batch, s, heads, heads, d, causal)
-                programs = library.query_tile_programs(-(-s // tiles.block_m), batch * heads, sms, causal)
-                variant = launch.Variant(causal=causal)
-                clocks = torch.zeros(programs * heads * batch * SLOTS, dtype=torch.int64, device="cuda")
-                want = run(ATTN_FWD_SM90, p, tiles, variant, programs)
-                if not torch.equal(run(timed, p, tiles, variant, programs, clocks), want):
-                    raise RuntimeError(f"d{d} s{s} causal={causal}: the timed copy gives another output")
-                ms = interleaved_ms({"plain": graph_replay(lambda: run(ATTN_FWD_SM90, p, tiles, variant, programs)),
-                                     "timed": graph_replay(lambda: run(timed, p, tiles, variant, programs, clocks))},
-                                    pairs=3)
-                clocks.zero_()
-                run(timed, p, tiles, variant, programs, clocks)
-                rec = clocks.view(-1, SLOTS).cpu().numpy()
-                row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
-                       "ms": {k: round(v, 4) for k, v in ms.items()}, **summary(rec)}
-                print(json.dumps({k: v for k, v in row.items() if k != "rounds_by_key_tiles"}), flush=True)
-                rows.append(row)
-                if args.records:
-                    args.records.mkdir(parents=True, exist_ok=True)
-                    used = np.flatnonzero((rec != 0).any(0))
-                    np.savez_compressed(args.records / f"d{d}_s{s}_{'causal' if causal else 'full'}.npz",
-                                        slots=used, clocks=rec[:, used])
-                p = clocks = None
-                torch.cuda.empty_cache()
+    for case in forward_cases(args.head_dims, args.seqlens, args.tokens, args.hidden, sms):
+        d, s, causal, tiles, p, programs, variant = case
+        heads, batch = p.q.shape[2], p.q.shape[0]
+        clocks = torch.zeros(programs * heads * batch * SLOTS, dtype=torch.int64, device="cuda")
+        want = run(ATTN_FWD_SM90, p, tiles, variant, programs)
+        if not torch.equal(run(timed, p, tiles, variant, programs, clocks), want):
+            raise RuntimeError(f"d{d} s{s} causal={causal}: the timed copy gives another output")
+        ms = interleaved_ms({"plain": graph_replay(lambda: run(ATTN_FWD_SM90, p, tiles, variant, programs)),
+                             "timed": graph_replay(lambda: run(timed, p, tiles, variant, programs, clocks))},
+                            pairs=3)
+        clocks.zero_()
+        run(timed, p, tiles, variant, programs, clocks)
+        rec = clocks.view(-1, SLOTS).cpu().numpy()
+        row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
+               "ms": {k: round(v, 4) for k, v in ms.items()}, **summary(rec)}
+        print(json.dumps({k: v for k, v in row.items() if k != "rounds_by_key_tiles"}), flush=True)
+        rows.append(row)
+        if args.records:
+            args.records.mkdir(parents=True, exist_ok=True)
+            used = np.flatnonzero((rec != 0).any(0))
+            np.savez_compressed(args.records / f"d{d}_s{s}_{'causal' if causal else 'full'}.npz",
+                                slots=used, clocks=rec[:, used])
+        case = p = clocks = None
+        torch.cuda.empty_cache()
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                         "triton": triton.__version__, "rows": rows}, indent=1) + "\n")

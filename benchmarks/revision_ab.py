@@ -49,8 +49,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import triton  # noqa: E402
-
 import triton_src  # noqa: E402
 import tuning.launch  # noqa: E402
 from aot_build import grid  # noqa: E402
@@ -208,7 +206,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times sm_90 kernels: needs a Hopper GPU")
     # The Gluon kernels build their TMA descriptors in global scratch, which the JIT launch allocates.
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    tuning.launch.use_torch_scratch()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kind = "dkdv_dq" if args.kernel == "dkdv" and args.accumulate_dq else args.kernel
     rows = []

@@ -111,6 +111,11 @@ class Variant:
         return score_mod_value("softcap_alibi" if self.softcap > 0 or self.alibi is not None else "plain")
 
 
+def use_torch_scratch() -> None:
+    """Triton's JIT launches of this process take their global scratch (where the Gluon kernels
+    build their TMA descriptors) from torch's allocator, on the current device."""
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
 def dropout_threshold(p: float) -> int:
     """csrc/attention/dropout.cpp's rule: a key is dropped when its 16-bit draw is below
     round(p * 2**16), at most 2**16 - 1."""

@@ -170,8 +170,9 @@ def main(argv=None) -> int:
         parser.error("the tuner times kernels: it needs a CUDA GPU")
     major, minor = torch.cuda.get_device_capability()
     arch = 10 * major + minor
-    # The Gluon kernel builds its TMA descriptors in global scratch, which the JIT launch allocates.
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    from tuning import launch
+
+    launch.use_torch_scratch()
     buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else buckets_built_both_ways(arch)
     if not buckets:
         parser.error(f"the grid builds attn_fwd both ways for no bucket on sm{arch}")

@@ -28,8 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import triton  # noqa: E402
-
 from common import interleaved_ms, write_ab_rows  # noqa: E402
 from hopper_backward_ab import _grid_variants, hopper_tiles, split_dkdv, split_dq  # noqa: E402
 from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90  # noqa: E402
@@ -46,7 +44,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times the sm_90 kernels: needs a Hopper GPU")
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    launch.use_torch_scratch()
     side = torch.cuda.Stream()
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):

@@ -232,7 +232,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("forward_host_maps needs a Hopper GPU (sm_90)", file=sys.stderr)
         return 2
-    import triton
 
     from common import interleaved_ms, write_ab_rows
     from triton_src.forward_sm90 import ATTN_FWD_SM90
@@ -242,7 +241,7 @@ def main(argv=None) -> int:
     from forward_cases import forward_cases
 
     copies = {choice: copy_module(*choice).ATTN_FWD_SM90 for choice in choices}
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    launch.use_torch_scratch()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for case in forward_cases(args.head_dims, args.seqlens, args.tokens, args.hidden, sms):

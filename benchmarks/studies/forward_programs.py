@@ -55,10 +55,8 @@ def main(argv=None) -> int:
         print("forward_programs needs a Hopper GPU (sm_90)", file=sys.stderr)
         return 2
 
-    import triton
-
     # Descriptors made inside the kernel need global scratch (the library's launcher gives it).
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    launch.use_torch_scratch()
     arch, sms = 90, torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
 
     timed = import_copy("forward_sm90_timed", timed_source((ROOT / "triton_src" / "forward_sm90.py").read_text())
                         ).ATTN_FWD_SM90
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    launch.use_torch_scratch()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def run(spec, p, tiles, variant, programs, clocks=None):

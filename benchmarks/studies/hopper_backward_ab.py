@@ -42,7 +42,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import triton  # noqa: E402
 
 from aot_build import grid  # noqa: E402
 from common import alibi_slopes, interleaved_ms, write_ab_rows  # noqa: E402
@@ -116,7 +115,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times the sm_90 kernel: needs a Hopper GPU")
     # The Gluon kernel builds its TMA descriptors in global scratch, which the JIT launch allocates.
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    launch.use_torch_scratch()
     score_mod = int(args.softcap > 0 or args.alibi)
     rows = []
     baseline, candidate = (("split", "accumulate_dq") if args.dq else ("attn_bwd_dq", "attn_bwd_dq_sm90")

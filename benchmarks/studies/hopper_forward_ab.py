@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import triton  # noqa: E402
 
 from aot_build import grid  # noqa: E402
 from common import interleaved_ms, write_ab_rows  # noqa: E402
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("times the sm_90 kernel: needs a Hopper GPU")
     # The Gluon kernel builds its TMA descriptors in global scratch, which the JIT launch allocates.
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    launch.use_torch_scratch()
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):
         kernels = {"attn_fwd": (ATTN_FWD, launch.Tiles(*current_config("attn_fwd", 90, d)), None),

@@ -1,6 +1,7 @@
 """Does the Hopper forward gain from TMA maps made by the host instead of in each program?
 
     python benchmarks/studies/forward_host_maps.py --head-dims 64,128 --seqlens 1024,2048,4096 --out maps.json
+    python benchmarks/studies/forward_host_maps.py --maps K,V --out maps_kv.json   # one set per run
 
 Each program of triton_src/forward_sm90.py makes four TMA descriptors (Q, K, V, Out) over its
 (sequence, head) before its consumers start: 3.0-3.3 us of a 3.6-3.9 us setup at d128
@@ -15,11 +16,13 @@ as TensorDescriptor arguments at each launch): Q, K, V and Out arrive as maps, e
 becomes a (map, batch, head) tuple, and every TMA copy goes through _load4 / _store4, which view
 the kernel's 2-D shared-memory tile as the map's [1, rows, 1, columns] box. The kernel is
 otherwise the same, so the copy must give the library kernel's output to the bit; the study
-then times them, interleaved, on the op's programs per (head, batch). --maps names the sets of
-tensors made maps (default: all four, K and V alone, Q and Out alone), each set its own copy,
-so that a run says what each pair of descriptors costs; `stores` in a set writes Out by plain
-masked stores from the registers instead (no descriptor, no map): the one descriptor a kernel
-can drop without a new launch ABI. Dense bf16 calls of the
+then times them, interleaved, on the op's programs per (head, batch). --maps names the tensors
+made maps (default all four; K,V or Q,Out say what each pair of descriptors costs); `stores`
+writes Out by plain masked stores from the registers instead (no descriptor, no map): the one
+descriptor a kernel can drop without a new launch ABI. One set per run: with two or more copies
+in one process the first timed replay ended in an illegal address, though each copy alone
+replays clean and compute-sanitizer's memcheck found no error in the run of all of them
+(docs/notes/tuning.md T39). Dense bf16 calls of the
 power-of-two buckets without a bias (the variant the rewrite covers: no FP8, no second
 head-dim piece).
 
@@ -213,19 +216,16 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlens", default="1024,2048,4096")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--maps", default="Q,K,V,Out;K,V;Q,Out;stores",
-                        help="the sets of host-made maps to time, ';' between sets, each against the library "
-                             "kernel; 'stores' in a set: Out by plain stores, without a descriptor")
+    parser.add_argument("--maps", default="Q,K,V,Out",
+                        help="the tensors made maps by the host, timed against the library kernel; 'stores' "
+                             "among them: Out by plain stores, without a descriptor")
     parser.add_argument("--pairs", type=int, default=4, help="interleaved timing pairs per case")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    choices = []  # (maps, out_stores) per set
-    for chosen in args.maps.split(";"):
-        names = chosen.split(",")
-        maps, out_stores = tuple(m for m in MAPS if m in names), "stores" in names
-        if set(names) - set(MAPS) - {"stores"} or not (maps or out_stores) or (out_stores and "Out" in maps):
-            parser.error(f"--maps: {chosen!r} is not a set of {', '.join(MAPS)} (or 'stores', without Out)")
-        choices.append((maps, out_stores))
+    names = args.maps.split(",")
+    maps, out_stores = tuple(m for m in MAPS if m in names), "stores" in names
+    if set(names) - set(MAPS) - {"stores"} or not (maps or out_stores) or (out_stores and "Out" in maps):
+        parser.error(f"--maps: {args.maps!r} is not a set of {', '.join(MAPS)} (or 'stores', without Out)")
 
     import torch
 
@@ -240,7 +240,8 @@ def main(argv=None) -> int:
 
     from forward_cases import forward_cases
 
-    copies = {choice: copy_module(*choice).ATTN_FWD_SM90 for choice in choices}
+    copy = copy_module(maps, out_stores).ATTN_FWD_SM90
+    label = "+".join(maps + (("Out stores",) if out_stores else ()))
     launch.use_torch_scratch()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -251,32 +252,27 @@ def main(argv=None) -> int:
             return launch.forward(p.q, p.k, p.v, tiles, variant, spec=ATTN_FWD_SM90, programs=programs)[0]
 
         want = library_kernel()
-        timed = {"in_kernel": graph_replay(library_kernel)}
-        for (maps, out_stores), copy in copies.items():
-            out = torch.full_like(p.q, float("nan"))
-            given = host_maps(p.q, p.k, p.v, out, tiles.block_n, maps)
+        out = torch.full_like(p.q, float("nan"))
+        given = host_maps(p.q, p.k, p.v, out, tiles.block_n, maps)
 
-            def with_maps(copy=copy, given=given, out=out):
-                # Out, where it is not a map, is the launcher's own tensor: take the result from it.
-                result = launch.forward(p.q, p.k, p.v, tiles, variant, spec=copy, programs=programs,
-                                        replace=given)[0]
-                return out if "Out" in given else result
+        def with_maps():
+            # Out, where it is not a map, is the launcher's own tensor: take the result from it.
+            result = launch.forward(p.q, p.k, p.v, tiles, variant, spec=copy, programs=programs, replace=given)[0]
+            return out if "Out" in given else result
 
-            got = with_maps()
-            if not torch.equal(got, want):
-                bad = (got != want).sum().item()
-                raise RuntimeError(f"d{d} s{s} causal={causal} maps {maps} out_stores={out_stores}: "
-                                   f"the copy differs in {bad} elements")
-            timed["+".join(maps + (("Out stores",) if out_stores else ()))] = graph_replay(with_maps)
-        ms = interleaved_ms(timed, pairs=args.pairs)
+        got = with_maps()
+        if not torch.equal(got, want):
+            raise RuntimeError(f"d{d} s{s} causal={causal} --maps {args.maps}: the copy differs in "
+                               f"{(got != want).sum().item()} elements")
+        ms = interleaved_ms({"in_kernel": graph_replay(library_kernel), label: graph_replay(with_maps)},
+                            pairs=args.pairs)
         row = {"head_dim": d, "seqlen": s, "causal": causal, "programs_per_pair": programs,
-               "ms": {k: round(v, 4) for k, v in ms.items()},
-               "speedup": {k: round(ms["in_kernel"] / v, 3) for k, v in ms.items() if k != "in_kernel"}}
+               "ms": {k: round(v, 4) for k, v in ms.items()}, "speedup": {label: round(ms["in_kernel"] / ms[label], 3)}}
         print(json.dumps(row), flush=True)
         rows.append(row)
         if args.out:  # after each case: a run cut short keeps what it measured
             write_ab_rows(args.out, rows)
-        case = p = timed = None
+        case = p = out = given = None
         torch.cuda.empty_cache()
     return 0
 

@@ -106,7 +106,7 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
             triton_cache = triton_cache / f"ptx-passes-{ptx_passes.passes_digest()}"
         os.environ["TRITON_CACHE_DIR"] = str(triton_cache)
         fn = kernel_spec(name).kernel
-        signature, attrs = triton_signature(name, variant.dtype)
+        signature, attrs = triton_signature(name, variant.dtype, variant.constant_dict)
         src = _source_class(fn)(fn, signature, variant.constant_dict, attrs)
         removed: dict = {}
         # A process-wide knob: the build compiles one variant at a time per process.
@@ -127,6 +127,9 @@ def compile_variant(variant: Variant, shared_limit: int, cache_dir: Path | None 
             "profile_scratch_size": md.profile_scratch_size,
             "profile_scratch_align": md.profile_scratch_align,
             "params": [list(p) for p in runtime_params(variant.kernel)],  # as JSON reads it back
+            # The host-made maps' boxes, swizzles and element types, in the kernel's order of its
+            # map parameters: what the launcher encodes each call's maps with.
+            "maps": [dict(m) for m in (getattr(md, "tensordesc_meta", None) or [])],
             "triton_version": triton.__version__,
         }
         if passes:

@@ -51,7 +51,7 @@ def write(artifacts: list[Artifact], out_dir: Path, triton_version: str, config:
             "global_scratch_size": art.meta["global_scratch_size"],
             "global_scratch_align": art.meta["global_scratch_align"],
             "profile_scratch_size": art.meta["profile_scratch_size"],
-            "function": art.meta["name"], "params": art.meta["params"],
+            "function": art.meta["name"], "params": art.meta["params"], "maps": art.meta.get("maps", []),
             "image_format": packing,
             "cubin_offset": cubin_offset, "cubin_size": len(cubin_image),
             "cubin_sha256": hashlib.sha256(cubin_image).hexdigest(),
@@ -116,6 +116,8 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
             lines.append(f"const char* const {param_sets[key]}[] = {{{', '.join(map(_c_string, key))}}};")
         consts = ", ".join(f"{{{_c_string(k)}, {int(v)}}}" for k, v in sorted(row["constants"].items()))
         lines.append(f"const KernelConstant kConstants{i}[] = {{{consts}}};")
+        if row["maps"]:
+            lines.append(f"const MapBox kMaps{i}[] = {{{', '.join(_map_box(m) for m in row['maps'])}}};")
     lines.append("const KernelEntry kEntries[] = {")
     for i, row in enumerate(rows):
         kcfg = config["kernels"][row["kernel"]]
@@ -126,6 +128,7 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
             f"kConstants{i}, {len(row['constants'])}, {params}, {len(row['params'])}, "
             f"{row['num_warps']}, {row['num_stages']}, {row['shared']}, "
             f"{row['global_scratch_size']}, {row['global_scratch_align']}, {row['profile_scratch_size']}, "
+            f"{f'kMaps{i}' if row['maps'] else 'nullptr'}, {len(row['maps'])}, "
             f"{row['cubin_offset']}u, {row['cubin_size']}u, {row['ptx_offset']}u, {row['ptx_size']}u, "
             f"{_c_string(row['function'])}}},")
     if not rows:
@@ -149,6 +152,21 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
         "",
     ]
     return "\n".join(lines)
+
+
+# Triton's tensordesc_meta names a map's element type by its device-side enum, whose values for
+# 64-bit floats and bfloat16 differ from cuda.h's CUtensorMapDataType (Triton's driver maps them).
+_MAP_DATA_TYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+
+
+def _map_box(meta: dict) -> str:
+    """One MapBox initializer from a Triton tensordesc_meta entry."""
+    box = meta["block_size"]
+    if len(box) != 4 or meta.get("fp4_padded"):
+        raise ValueError(f"a host-made map is rank 4 over [batch, seqlen, heads, head_dim], unpadded; Triton "
+                         f"recorded {meta}")
+    return (f"{{{{{', '.join(f'{b}u' for b in box)}}}, {int(meta['swizzle'])}, "
+            f"{_MAP_DATA_TYPE[int(meta['elem_type'])]}, {int(meta['elem_size'])}}}")
 
 
 def tile_loop_rows(config: dict) -> list[dict]:

@@ -13,8 +13,12 @@ builder per group. Then, for each kernel, inside `fattn::kernels::<kernel>`:
   chooser derives them from head_dim), also Required, and `flags_key`, their packing as the
   table stores it.
 - `Constant`: indices of the variant's constexprs in each table entry (names sorted).
-- `launch_<kernel>(variant, grid, args)`: narrows the int32/float32 parameters (an int32 overflow
-  raises, naming the parameter) and hands cuLaunchKernel a positional array; no lookups.
+- `Maps` (a kernel whose spec has map-able tensors, `map_rows`): each such tensor as a
+  runtime::MapSource, for the variants that take it as a host-made TMA map (HOST_MAPS).
+- `launch_<kernel>(variant, grid, args[, maps])`: narrows the int32/float32 parameters (an int32
+  overflow raises, naming the parameter) and hands cuLaunchKernel a positional array; no lookups.
+  Where the chosen variant's table entry has maps, each map-able tensor's parameter is its map,
+  encoded from `maps` (runtime/tensor_maps.h), in place of its pointer.
 
 The table (kernel_table.cpp) stores each entry's kernel id and flags key computed by the
 same `flags_key` below, so the two cannot disagree.
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import textwrap
 
-from triton_src.spec import Group
+from triton_src.spec import MAPS_FLAG, Group
 from triton_src.variants import SCORE_MODS
 
 FLAG_BITS = 8  # one byte per flag value in a table key
@@ -98,6 +102,8 @@ def _struct(kernel: str, kernel_id: int, spec, kernel_cfg: dict, constant_names:
         *[f"    {_REQUIRED.format('int64_t')} {n};" for n in op_flags],
         "  };",
         f"  enum Constant : int {{ {', '.join(constant_names)} }};",
+        *([f"  // The tensors its {MAPS_FLAG} variants take as host-made TMA maps.",
+           "  struct Maps {", *[f"    runtime::MapSource {p.name};" for p in spec.maps], "  };"] if spec.maps else []),
         "  static uint64_t flags_key(const Flags& f, bool pad_d) {",
         f"    {'(void)f; ' if not op_flags else ''}return {' | '.join(key_terms + [f'(uint64_t(pad_d) << {pad_shift})'])};",
         "  }",
@@ -118,10 +124,21 @@ def _paths(spec) -> list[tuple[object, str]]:
     return out
 
 
-def _launch_fn(kernel: str, spec) -> list[str]:
+def _slots(spec, as_maps: bool) -> tuple[list[str], list[str]]:
+    """(locals, parameter slots) of a launch; as_maps: each map-able tensor as its encoded map
+    (Triton's ABI for a tensordesc: the CUtensorMap, then the shape's four int32 and the strides'
+    four int64, each a parameter)."""
     locals_, slots = [], []
+    maps = [p.name for p in spec.maps] if as_maps else []
     for p, path in _paths(spec):
-        if p.type == "i32":
+        if p.name in maps:
+            name = f"map_{p.name}"
+            locals_.append(f"  const runtime::EncodedMap {name} = runtime::encode_map(v.target, {maps.index(p.name)}, "
+                           f"\"{p.name}\", maps->{p.name});")
+            slots += [f"const_cast<cuda::CUtensorMap*>(&{name}.map)",
+                      *[f"const_cast<int32_t*>(&{name}.shape[{d}])" for d in range(4)],
+                      *[f"const_cast<int64_t*>(&{name}.strides[{d}])" for d in range(4)]]
+        elif p.type == "i32":
             locals_.append(f"  const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", {path}.value);")
             slots.append(f"const_cast<int32_t*>(&{p.name})")
         elif p.type == "fp32":
@@ -131,14 +148,38 @@ def _launch_fn(kernel: str, spec) -> list[str]:
             slots.append(f"const_cast<int64_t*>(&{path}.value)")
         else:
             slots.append(f"const_cast<void**>(&{path}.value)")
-    return [
-        f"inline void launch_{kernel}(const runtime::Variant<{kernel}>& v, runtime::Grid grid, const {kernel}::Args& a) {{",
+    return locals_, slots
+
+
+def _launch_body(spec, as_maps: bool, indent: str) -> list[str]:
+    locals_, slots = _slots(spec, as_maps)
+    return [indent + line.lstrip() if line.startswith("  ") else line for line in [
         *locals_,
         "  void* scratch[2] = {nullptr, nullptr};  // Triton's global and profile scratch pointers",
         "  void* params[] = {",
         *[f"      {s}," for s in slots],
         "      &scratch[0], &scratch[1]};",
         "  runtime::launch(v.target, grid, params, scratch);",
+    ]]
+
+
+def _launch_fn(kernel: str, spec) -> list[str]:
+    if not spec.maps:
+        return [
+            f"inline void launch_{kernel}(const runtime::Variant<{kernel}>& v, runtime::Grid grid, const {kernel}::Args& a) {{",
+            *_launch_body(spec, False, "  "),
+            "}",
+            "",
+        ]
+    return [
+        f"inline void launch_{kernel}(const runtime::Variant<{kernel}>& v, runtime::Grid grid, const {kernel}::Args& a,",
+        f"                            const {kernel}::Maps* maps = nullptr) {{",
+        "  if (v.target.entry->num_maps > 0) {",
+        f"    runtime::require_maps(v.target, maps != nullptr, {len(spec.maps)});",
+        *_launch_body(spec, True, "    "),
+        "    return;",
+        "  }",
+        *_launch_body(spec, False, "  "),
         "}",
         "",
     ]
@@ -156,6 +197,7 @@ def header(config: dict, specs: dict, constants_by_kernel: dict[str, list[str]])
         "#include <cstdint>",
         "",
         '#include "runtime/launch.h"',
+        '#include "runtime/tensor_maps.h"',
         "",
         "namespace fattn::kernels {",
         "",

@@ -15,9 +15,10 @@ def kernel_spec(kernel: str):
     return spec
 
 
-def triton_signature(kernel: str, dtype: str) -> tuple[dict, dict]:
-    """(signature, attrs) for triton.compile's ASTSource; constexprs are marked "constexpr"."""
-    return kernel_spec(kernel).triton_signature(dtype)
+def triton_signature(kernel: str, dtype: str, constants: dict | None = None) -> tuple[dict, dict]:
+    """(signature, attrs) for triton.compile's ASTSource; constexprs are marked "constexpr";
+    `constants`: the variant's, which say whether it takes maps (KernelSpec.triton_signature)."""
+    return kernel_spec(kernel).triton_signature(dtype, constants)
 
 
 def runtime_params(kernel: str) -> list[tuple[str, str]]:

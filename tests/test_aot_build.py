@@ -642,7 +642,7 @@ def test_the_d64_hopper_forward_compiles_with_three_consumer_warpgroups(tmp_path
     # 192 query rows, three consumer warpgroups of 64 at 160 registers (setmaxnreg) and a
     # producer: 16 warps, each K/V slot released by three arrivals (docs/notes/tuning.md T18).
     variant = next(v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90", "FATTN_HEAD_DIMS": "64"})
-                   if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16")
+                   if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and not v.constant_dict["HOST_MAPS"])
     assert variant.constant_dict["BLOCK_M"] == 192
     artifact = compile_variant(variant, shared_limit=232448, cache_dir=tmp_path)
     assert artifact.meta["name"] == "attn_fwd_sm90" and artifact.meta["num_warps"] == 16
@@ -722,3 +722,66 @@ def test_fp8_conversions_round_once_on_sm89(tmp_path):
         ptx = compile_variant(v, shared_limit=101376, cache_dir=tmp_path).ptx
         assert f"cvt.rn.satfinite.{cvt}.f32" in ptx, v.label
         assert "cvt.rz.f16.f32" not in ptx and not re.search(r"cvt\.rn\.satfinite\.e\dm\dx2\.f16x2", ptx), v.label
+
+
+def test_host_made_maps_are_built_for_the_dense_calls_that_measured_faster():
+    # HOST_MAPS (Q, K, V and Out as host-made TMA maps): the looping Hopper forward's plain scores
+    # in the 64 and 128 buckets, 16-bit inputs, both dtypes; nothing else (configs.json says why).
+    every = list(grid.expand(env={"FATTN_CUDA_ARCHS": "75;80;86;89;90", "FATTN_HEAD_DIMS": "all"}))
+    maps = [v for v in every if v.constant_dict.get("HOST_MAPS")]
+    assert {(v.arch, v.implementation, v.dtype, v.constant_dict["BLOCK_D"]) for v in maps} == {
+        (90, "attn_fwd_sm90", dtype, bucket) for dtype in ("fp16", "bf16") for bucket in (64, 128)}
+    assert all(v.constant_dict["SCORE_MOD"] == 0 and v.constant_dict["TILE_LOOP"] and not v.constant_dict["FP8"]
+               for v in maps)
+    # Each has its twin with the kernel's own descriptors, the form every other call runs.
+    twins = {(v.dtype, v.constant_dict["BLOCK_D"]) for v in every if v.implementation == "attn_fwd_sm90"
+             and v.constant_dict["SCORE_MOD"] == 0 and not v.constant_dict["FP8"] and not v.constant_dict["HOST_MAPS"]}
+    assert {(v.dtype, v.constant_dict["BLOCK_D"]) for v in maps} <= twins
+
+
+@pytest.mark.parametrize("head_dim", ["64", "128"])
+def test_the_host_maps_forward_compiles_to_the_launchers_abi(tmp_path, head_dim):
+    # The HOST_MAPS variant: no descriptor made in the kernel (no tensormap.replace, no global
+    # scratch), every TMA copy 4-D over [batch, seqlen, heads, head_dim], the boxes recorded for the
+    # kernel table; its function named apart (profiles tell the forms apart). And the launch ABI:
+    # the PTX entry's parameters, in order, are what the generated launcher passes (each map the
+    # 128-byte CUtensorMap, its shape's four int32, its strides' four int64), then Triton's two
+    # scratch pointers; its twin with pointers, likewise.
+    from aot_build import emit, launchers
+    from triton_src import KERNELS
+
+    spec = KERNELS["attn_fwd"]
+    twins = {v.constant_dict["HOST_MAPS"]: v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90",
+                                                                        "FATTN_HEAD_DIMS": head_dim})
+             if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 0
+             and not v.constant_dict["FP8"]}
+    maps, own = (compile_variant(twins[flag], shared_limit=232448, cache_dir=tmp_path) for flag in (True, False))
+    assert maps.meta["name"] == "attn_fwd_sm90_maps" and own.meta["name"] == "attn_fwd_sm90"
+    assert "tensormap.replace" not in maps.ptx and maps.meta["global_scratch_size"] == 0
+    assert "cp.async.bulk.tensor.2d" not in maps.ptx and maps.ptx.count("cp.async.bulk.tensor.4d") >= 4
+    block_n, block_d = twins[True].constant_dict["BLOCK_N"], int(head_dim)
+    boxes = [[1, 64, 1, min(block_d, 64)], [1, block_n, 1, min(block_d, 64)], [1, block_n, 1, min(block_d, 64)],
+             [1, 64, 1, min(block_d, 64)]]
+    assert [m["block_size"] for m in maps.meta["maps"]] == boxes and own.meta["maps"] == []
+    assert emit._map_box(maps.meta["maps"][0]) == f"{{{{1u, 64u, 1u, {min(block_d, 64)}u}}, 3, 9, 2}}"
+
+    def entry_params(ptx: str) -> list[str]:
+        entry = ptx[ptx.index(".entry"):]
+        entry = entry[entry.index("(") + 1:entry.index(")")]
+        return [" ".join(re.sub(r"attn_fwd_sm90(_maps)?_param_\d+", "", line).replace("[", " [").split()).rstrip(",")
+                for line in entry.splitlines() if ".param" in line]
+
+    for artifact, as_maps in ((maps, True), (own, False)):
+        _, slots = launchers._slots(spec, as_maps)
+        params = entry_params(artifact.ptx)
+        assert len(params) == len(slots) + 2, (as_maps, len(params), len(slots))
+        kinds = [("map" if "CUtensorMap" in s else "i32" if "int32_t" in s or "float" in s else "64")
+                 for s in slots]
+        for kind, param in zip(kinds, params):
+            want = {"map": ".param .align 64 .b8 [128]", "i32": (".param .u32", ".param .f32")}.get(kind)
+            if kind == "map":
+                assert param == want, (kind, param)
+            elif kind == "i32":
+                assert param.startswith(want), (kind, param)
+            else:
+                assert param.startswith(".param .u64"), (kind, param)

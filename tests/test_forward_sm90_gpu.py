@@ -26,6 +26,13 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_fwd_sm90")]
 
 
+def _forward_kernels(call) -> set[str]:
+    """The kernels `call` launched, the Hopper forward's two forms under one name: with its own
+    descriptors (attn_fwd_sm90) and with the host's maps (attn_fwd_sm90_maps, dense calls up to
+    2k rows; the tests of the maps say which form runs)."""
+    return {"attn_fwd_sm90" if name == "attn_fwd_sm90_maps" else name for name in kernels_launched(call)}
+
+
 @pytest.mark.parametrize("head_dim", [72, 96, 128, 136, 192, 200, 256])
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
@@ -34,7 +41,7 @@ def test_the_hopper_kernel_serves_the_buckets_above_64(head_dim, options):
     # have more queries.
     n = max(600, _tuned_crossover(128, True) + 100) if options.get("causal") else 600
     q, k, v = make_qkv(2, n, n, 4, 2, head_dim, torch.bfloat16, "cuda")
-    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
+    names = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
 
 
@@ -62,7 +69,7 @@ def test_short_d128_calls_follow_the_tuned_crossover(case):
     dense_d128 = d == 128 and not case.startswith(("softcap", "packed"))
     right_edge = case != "non-causal 512"
     want = "attn_fwd_sm90" if not dense_d128 or prefers_tile_loop(90, 128, n, False, right_edge) else "attn_fwd"
-    names = kernels_launched(call)
+    names = _forward_kernels(call)
     assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), names
     if not case.startswith("packed"):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
@@ -78,7 +85,7 @@ def test_alibi_without_softcap(head_dim, seqlen_q, seqlen_k):
     torch.manual_seed(seqlen_q + head_dim)
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, "cuda")
     slopes = torch.rand(2, 8, device="cuda") * 0.3
-    assert "attn_fwd_sm90" in kernels_launched(lambda: fattn.flash_attn_func(q, k, v, alibi_slopes=slopes))
+    assert "attn_fwd_sm90" in _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, alibi_slopes=slopes))
     for options in (dict(causal=True), dict(), dict(window_size=(100, 20))):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, alibi_slopes=slopes, **options)
         causal = options.pop("causal", False)
@@ -93,7 +100,7 @@ def test_other_calls_stay_on_attn_fwd(what):
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     p = 0.1 if what.startswith("dropout") else 0.0
     bias = torch.randn(2, 4, 300, 300, device="cuda", dtype=q.dtype) if what.startswith("bias") else None
-    names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, p, bias=bias))
+    names = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, p, bias=bias))
     assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
 
 
@@ -132,7 +139,7 @@ def test_a_bias_runs_the_hopper_kernel(head_dim, what):
         def call():
             return op(q, k, v, None, causal, False, window[0], window[1], extra.get("softcap", 0.0),
                       extra.get("alibi_slopes"), None, None, None, prepared, p, seed)
-        names = kernels_launched(call)
+        names = _forward_kernels(call)
         assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), (what, names)
         out, lse = call()
         check_accuracy(out, lse, q, k, v, None, causal, f"{what} d{head_dim} causal {causal} window {window}",
@@ -156,7 +163,7 @@ def test_tile_halves_past_the_end(seqlen_q, dtype, head_dim):
 
 
 def _hopper_forward_grids(fn):
-    return launch_grids(fn, "attn_fwd_sm90")
+    return launch_grids(fn, "attn_fwd_sm90") + launch_grids(fn, "attn_fwd_sm90_maps")
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])
@@ -219,7 +226,7 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
         n = threshold - 1
         cut = {name: ids[:, :n] for name, ids in options.items() if name == "q_segment_ids"}
-        short = kernels_launched(lambda: fattn.flash_attn_func(q[:, :n], k, v, **{**options, **cut}))
+        short = _forward_kernels(lambda: fattn.flash_attn_func(q[:, :n], k, v, **{**options, **cut}))
         assert "attn_fwd" in short and "attn_fwd_sm90" not in short, f"{what}, {n} queries: {short}"
         causal = options.pop("causal", False)
         check_accuracy(out, lse, q, k, v, None, causal, f"d64 {dtype} {what}", **options)
@@ -227,12 +234,12 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
         return
     cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
-    packed = kernels_launched(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+    packed = _forward_kernels(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
                                                                     cu, cu_k, sq, sk))
     assert "attn_fwd" in packed and "attn_fwd_sm90" not in packed, f"packed: {packed}"
-    softcap = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
+    softcap = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
     assert "attn_fwd" in softcap and "attn_fwd_sm90" not in softcap, f"softcap: {softcap}"
-    causal = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, causal=True))
+    causal = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, causal=True))
     want = "attn_fwd_sm90" if sq >= _tuned_crossover(64, True) else "attn_fwd"
     assert want in causal and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(causal), f"causal, {sq}: {causal}"
 
@@ -291,3 +298,57 @@ def test_packed_batch_with_empty_sequences():
         finite = torch.isfinite(ref_lse[0])
         assert torch.equal(torch.isfinite(l), finite), f"sequence {b}: lse -inf pattern"
         assert (l[finite].double() - ref_lse[0][finite]).abs().max().item() <= 5e-3, f"sequence {b}: lse"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["d64 1600x1500", "d64 1600x1500 left-window", "d120 1000x1300",
+                                  "d120 1000x1300 causal", "d128 2048x700 causal", "d128 333x2048"])
+def test_dense_calls_up_to_2k_rows_take_host_made_maps(case, dtype):
+    # csrc/attention/forward_cuda.cpp: dense 16-bit calls with plain scores, up to 2048 query rows,
+    # that run the looping kernel take Q, K, V and Out as maps the host made (attn_fwd_sm90_maps).
+    # The maps clip rows and columns as the kernel's own descriptors do, so its output must be the
+    # same to the bit as that of the same call with K as a view that broadcasts over the KV heads
+    # (a stride of 0, which no map takes: the kernel then makes its descriptors), and right
+    # against float64.
+    words = case.split()
+    d = int(words[0][1:])
+    sq, sk = (int(x) for x in words[1].split("x"))
+    options = {"causal": dict(causal=True), "left-window": dict(window_size=(300, -1))}.get(words[-1], {})
+    torch.manual_seed(sq + sk + d)
+    q, k, v = make_qkv(2, sq, sk, 8, 2, d, dtype, "cuda")
+    broadcast = k[:, :, :1].expand(-1, -1, 2, -1)
+    assert broadcast.stride(2) == 0
+    k = broadcast.contiguous()
+    maps = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, **options))
+    own = kernels_launched(lambda: fattn.flash_attn_func(q, broadcast, v, **options))
+    assert "attn_fwd_sm90_maps" in maps and "attn_fwd_sm90" not in maps, maps
+    assert "attn_fwd_sm90" in own and "attn_fwd_sm90_maps" not in own, own
+    out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    out_own, lse_own = fattn.flash_attn_func(q, broadcast, v, return_lse=True, **options)
+    assert torch.equal(out, out_own) and torch.equal(lse, lse_own), case
+    causal = options.pop("causal", False)
+    check_accuracy(out, lse, q, k, v, None, causal, case, **options)
+
+
+@pytest.mark.parametrize("case", ["2049 rows", "packed", "softcap", "fp16 rows unaligned"])
+def test_other_calls_keep_the_kernels_own_descriptors(case):
+    # Past 2048 query rows (the maps measured slower at d128 4k: docs/notes/tuning.md T39), packed
+    # sequences (a map does not stop at a sequence's end), score modifications (no HOST_MAPS
+    # variant) and tensors a map cannot take run attn_fwd_sm90 with its own descriptors.
+    n = 2049 if case == "2049 rows" else 1000
+    torch.manual_seed(n)
+    q, k, v = make_qkv(1, n, n, 4, 2, 128, torch.float16 if case.startswith("fp16") else torch.bfloat16, "cuda")
+    if case == "packed":
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        names = kernels_launched(lambda: fattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, n, n))
+    elif case == "softcap":
+        names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v, softcap=30.0))
+    elif case == "fp16 rows unaligned":
+        # A view whose base is 8 bytes past a 16-byte boundary: the op copies it (aligned_for_kernel),
+        # and maps are chosen from the tensors as given, so this call keeps its descriptors.
+        wide = torch.randn(1, n, 4, 132, dtype=torch.float16, device="cuda")
+        q = wide[..., 4:]
+        names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v))
+    else:
+        names = kernels_launched(lambda: fattn.flash_attn_func(q, k, v))
+    assert "attn_fwd_sm90" in names and "attn_fwd_sm90_maps" not in names, (case, names)

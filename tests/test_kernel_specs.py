@@ -53,11 +53,25 @@ def test_launcher_args_follow_each_spec_in_order(header):
         assert fields == [item.name for item in spec.items], name
         for g in spec.groups:
             assert _struct_fields(header, g.struct) == [p.name for p in g.params], g.name
-        # The launch hands cuLaunchKernel every parameter in the kernel's order, groups unfolded.
+        # The launch hands cuLaunchKernel every parameter in the kernel's order, groups unfolded;
+        # a kernel with map-able tensors has a second form for the variants that take maps, each
+        # map-able tensor's pointer then replaced by its map's nine parameters (Triton's ABI).
         launch = header[header.index(f"inline void launch_{name}("):]
         launch = launch[:launch.index("\n}")]
-        slots = [path.removesuffix(".value").split(".")[-1] for path in re.findall(r"\(&([\w.]+)\)", launch)]
+        maps_form, _, pointers_form = launch.rpartition("    return;\n  }") if spec.maps else ("", "", launch)
+        slots = [path.removesuffix(".value").split(".")[-1] for path in re.findall(r"\(&([\w.]+)\)", pointers_form)]
         assert slots == [p.name for p in spec.params], name
+        if spec.maps:
+            want = []
+            for p in spec.params:
+                if p in spec.maps:
+                    want += [f"map_{p.name}.map", *(f"map_{p.name}.{field}[{d}]" for field in ("shape", "strides")
+                                                   for d in range(4))]
+                else:
+                    want.append(p.name)
+            slots = [path.removesuffix(".value").split(".")[-1] if not path.startswith("map_") else path
+                     for path in re.findall(r"\(&([\w.\[\]]+)\)", maps_form)]
+            assert slots == want, name
 
 
 def test_attention_kernels_take_the_shared_groups():
@@ -87,16 +101,18 @@ def test_groups_taken_out_of_the_agreed_order_or_twice_are_rejected():
 
 
 def test_table_flag_keys_match_the_launchers_packing(header):
-    # attn_fwd's flags_key packs SCORE_MOD in byte 0, TILE_LOOP in byte 1, FP8 in byte 2 and the
-    # derived PAD_D after them.
+    # attn_fwd's flags_key packs SCORE_MOD in byte 0, TILE_LOOP in byte 1, FP8 in byte 2, HOST_MAPS in
+    # byte 3 and the derived PAD_D after them.
     cfg = grid.load_config()["kernels"]["attn_fwd"]
     plain, alibi_only = score_mod_value("plain"), score_mod_value("alibi_only")
-    assert launchers.flags_key(cfg, {"SCORE_MOD": alibi_only, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 0}) == alibi_only
-    assert launchers.flags_key(cfg, {"SCORE_MOD": plain, "TILE_LOOP": 1, "FP8": 0, "PAD_D": 0}) == 256
-    assert launchers.flags_key(cfg, {"SCORE_MOD": plain, "TILE_LOOP": 0, "FP8": 2, "PAD_D": 0}) == 2 << 16
-    assert launchers.flags_key(cfg, {"SCORE_MOD": plain, "TILE_LOOP": 0, "FP8": 0, "PAD_D": 1}) == 1 << 24
+    base = {"SCORE_MOD": plain, "TILE_LOOP": 0, "FP8": 0, "HOST_MAPS": 0, "PAD_D": 0}
+    assert launchers.flags_key(cfg, {**base, "SCORE_MOD": alibi_only}) == alibi_only
+    assert launchers.flags_key(cfg, {**base, "TILE_LOOP": 1}) == 256
+    assert launchers.flags_key(cfg, {**base, "FP8": 2}) == 2 << 16
+    assert launchers.flags_key(cfg, {**base, "HOST_MAPS": 1}) == 1 << 24
+    assert launchers.flags_key(cfg, {**base, "PAD_D": 1}) == 1 << 32
     assert ("(uint64_t(f.SCORE_MOD.value) << 0) | (uint64_t(f.TILE_LOOP.value) << 8) | (uint64_t(f.FP8.value) << 16) "
-            "| (uint64_t(pad_d) << 24)") in header
+            "| (uint64_t(f.HOST_MAPS.value) << 24) | (uint64_t(pad_d) << 32)") in header
 
 
 MERGE_CALL = """
@@ -161,7 +177,8 @@ uint64_t key() { return fattn::kernels::attn_fwd::flags_key(%s, false); }
 
 
 @pytest.mark.parametrize("flags, ok", [
-    ("{.SCORE_MOD = fattn::kernels::score_mod::kSoftcapAlibi, .TILE_LOOP = false, .FP8 = 0}", True),
+    ("{.SCORE_MOD = fattn::kernels::score_mod::kSoftcapAlibi, .TILE_LOOP = false, .FP8 = 0, .HOST_MAPS = false}", True),
+    ("{.SCORE_MOD = fattn::kernels::score_mod::kSoftcapAlibi, .TILE_LOOP = false, .FP8 = 0}", False),
     ("{.SCORE_MOD = fattn::kernels::score_mod::kSoftcapAlibi, .TILE_LOOP = false}", False), ("{}", False)])
 def test_flags_cannot_be_left_out(tmp_path, header, flags, ok):
     run = _compile_against(tmp_path, header, FLAGS_CALL % flags)

@@ -361,51 +361,6 @@ def test_forward_studies_cases_are_the_ops_calls():
                                                          c.causal) >= 1
 
 
-def test_forward_host_maps_rewrite_fits_the_kernel_as_it_is():
-    # The study rewrites triton_src/forward_sm90.py's descriptors and TMA copies by anchoring on
-    # the kernel's text; a kernel edit that moves one must fail here, not on the next GPU run.
-    forward_host_maps = _study("forward_host_maps")
-    source = (ROOT / "triton_src" / "forward_sm90.py").read_text()
-    rewritten = forward_host_maps.host_maps_source(source)
-    ast.parse(rewritten)
-    # Every row tile's copy goes through the maps (FP8's V^T copy and the second head-dim piece's
-    # descriptors stay, in branches the study's variants never take).
-    assert rewritten.count("_load4(") == 6 + 1 and rewritten.count("_store4(") == 2 + 1
-    assert "q_desc = tma.make_tensor_descriptor(" not in rewritten and "q_desc = (Q, batch.to(gl.int32), head)" in rewritten
-    assert rewritten.count("tma.async_copy_global_to_shared(") == 1 + 1  # V^T's, _load4's own
-    with pytest.raises(ValueError, match="forward_host_maps: anchor"):
-        forward_host_maps.host_maps_source(source.replace("dtype: gl.constexpr = Q.dtype.element_ty", "dtype = Q"))
-    # A subset: K and V as maps, Q's and Out's descriptors still made in the kernel.
-    some = forward_host_maps.host_maps_source(source, ("K", "V"))
-    ast.parse(some)
-    assert "q_desc = tma.make_tensor_descriptor(q_base" in some and "k_desc = (K, batch.to(gl.int32), kv_head)" in some
-    assert some.count("_load4(") == 4 + 1 and some.count("_store4(") == 1
-    with pytest.raises(ValueError, match="maps must be some of"):
-        forward_host_maps.host_maps_source(source, ("Bias",))
-    # Out by plain stores: its descriptor is a (base, row stride, head_dim) triple, no TMA store.
-    stores = forward_host_maps.host_maps_source(source, (), out_stores=True)
-    ast.parse(stores)
-    assert "o_desc = (o_base, stride_os, head_dim)" in stores and "_store_rows(o_desc, row0, out, seqlen_q)" in stores
-    assert "tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)" not in stores
-    with pytest.raises(ValueError, match="maps must be some of"):
-        forward_host_maps.host_maps_source(source, ("Out",), out_stores=True)
-
-
-def test_forward_host_maps_copy_compiles_without_in_kernel_descriptors():
-    # The rewritten kernel, compiled for sm_90 with the maps in its signature: no tensormap
-    # field writes are left (the per-program setup the study removes), every TMA copy is 4-D, and
-    # the maps' boxes are the tiles' (Triton splits a 128-column tile into two 64-column copies).
-    from aot_build.compiler import _kernel_source_digest
-
-    study = _study("forward_host_maps")
-    digest = _kernel_source_digest()
-    result = study.compile_check(128)
-    assert result["tensormap_replace"] == 0 and result["tma_2d"] == 0 and result["tma_4d"] >= 4
-    assert result["maps"] == [[1, 64, 1, 64], [1, 128, 1, 64], [1, 128, 1, 64], [1, 64, 1, 64]]
-    # The copies live outside triton_src/: a file there would change every cached kernel's key.
-    assert _kernel_source_digest() == digest
-
-
 def test_revision_ab_imports_another_revisions_kernels(tmp_path):
     # The base side is triton_src as git has it at a revision, a package of its own beside the
     # working tree's, with that revision's tuning/launch.py bound to it: its launch helpers and the

@@ -54,7 +54,8 @@ def _load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_re
                                             do_smem.index(half))
     for i in range(n_tiles):
         start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
-        _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, start_n, STAGES)
+        # forward_sm90's producer step, whose sources are row_tiles.py's: a descriptor in a 1-tuple.
+        _load_key_tile((k_desc,), (v_desc,), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, start_n, STAGES)
         if len(bias_load) > 0:
             load_bias(bias_load, i, start_m, start_n, 2, HALF_M)
 

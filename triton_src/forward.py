@@ -138,6 +138,7 @@ def attn_fwd(
     stride_vdescaleb, stride_vdescaleh, q_descale_group, p_scale, stride_vd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr, TILE_LOOP: tl.constexpr, FP8: tl.constexpr,
+    HOST_MAPS: tl.constexpr = False,
 ):
     """Grid: (cdiv(seqlen_q, BLOCK_M), heads, batch): one program per query tile. TILE_LOOP
     (programs that loop over query tiles, for a shorter first axis) is the Hopper
@@ -176,8 +177,12 @@ def attn_fwd(
     + kv_head * stride_vh + d * stride_vd + j; stride_vs unused): the second product's FP8 operand
     must be K-major in shared memory, and built from rows of V that tile was written one byte at a
     time, unpipelined (3.6x slower at d128 on the H100). With FP8 0 none of these are read.
+    HOST_MAPS (the Hopper implementation's alone; here always false): Q, K, V and Out come as TMA
+    maps the host made over the dense [batch, seqlen, heads, head_dim] tensors (their strides are
+    then unused), not as pointers.
     """
     tl.static_assert(not TILE_LOOP, "attn_fwd runs one query tile per program")
+    tl.static_assert(not HOST_MAPS, "attn_fwd takes its tensors as pointers")
     tl.static_assert(SCORE_MOD != ALIBI_ONLY and SCORE_MOD != BIAS_TMA,
                      "attn_fwd has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     tl.static_assert(FP8 == 0 or SCORE_MOD == PLAIN or SCORE_MOD == SOFTCAP_ALIBI,
@@ -272,8 +277,11 @@ def attn_fwd(
     tl.store(lse_ptrs, lse, mask=row_in_range)
 
 
+# Q, K, V and Out may be maps (HOST_MAPS): boxes of the Hopper kernel's tiles, 64 query rows per
+# consumer warpgroup and BLOCK_N keys.
 ATTN_FWD = KernelSpec(attn_fwd, [
-    tensor("Q"), tensor("K"), tensor("V"), tensor("Out"), f32_tensor("Lse"),
+    tensor("Q", map_rows=64), tensor("K", map_rows="BLOCK_N"), tensor("V", map_rows="BLOCK_N"),
+    tensor("Out", map_rows=64), f32_tensor("Lse"),
     *strides("q"), *strides("k"), *strides("v"), *strides("o"), *strides("lse", "bh", aligned=False),
     SEQUENCES, SHAPE, WINDOW, ALIBI, SEGMENTS, SCORES, SINKS, BIAS, DROPOUT, FP8_INPUTS,
 ])

@@ -12,10 +12,11 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
   and, one arrival per consumer, "empty"); BLOCK_M // 64 consumer warpgroups own 64 query rows
   each: two (240 registers each), or three at 160 (d64's 192-row tiles, FlashAttention-3's
   shape; docs/notes/tuning.md T18).
-  The TMA descriptors are built on the device from pointers and strides (the launch ABI stays
-  the kernels' own), over one (sequence, head) as a [seqlen, head_dim] matrix: TMA zero-fills
-  rows past the sequence and columns past head_dim, so varlen and padded head dims need no
-  masked loads, and clips the stores of Out the same way.
+  The TMA descriptors are built on the device from pointers and strides, over one (sequence,
+  head) as a [seqlen, head_dim] matrix: TMA zero-fills rows past the sequence and columns past
+  head_dim, so varlen and padded head dims need no masked loads, and clips the stores of Out the
+  same way. Dense calls up to a length (HOST_MAPS, forward_cuda.cpp's rule) take rank-4 maps
+  the host made over the whole tensors instead, which clip the same way (row_tiles.py).
 - ping-pong: the consumers take turns (the `turn` mbarriers, a ring) issuing their two products
   of an iteration, S(j) = Q K(j)^T and O += P(j-1) V(j-1), so that one warpgroup's softmax runs
   while the others' products use the tensor cores;
@@ -50,6 +51,7 @@ from .dropout_sm90 import dropout_keep
 from .forward import ATTN_FWD
 from .fp8 import descale_at, fp8_pointer
 from .masks import key_bounds, segment_ids, segment_span, visible_key_range
+from .row_tiles import load_rows, store_rows
 from .score_mods import alibi_scores, modified_scores
 from .spec import KernelSpec
 from .tiles import sequence_span, tile_at, tile_loop_bounds
@@ -150,21 +152,21 @@ def _load_key_tile(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_
     free_phase = ((it // STAGES) & 1) ^ 1
     mbarrier.wait(k_empty.index(stage), free_phase)
     if k_desc1 is not None:
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes + k_desc1.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc1, [start_n, 0], k_ready.index(stage), k_smem1.index(stage))
+        mbarrier.expect(k_ready.index(stage), k_desc[0].block_type.nbytes + k_desc1[0].block_type.nbytes)
+        load_rows(k_desc1, start_n, k_ready.index(stage), k_smem1.index(stage))
     else:
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.expect(k_ready.index(stage), k_desc[0].block_type.nbytes)
+    load_rows(k_desc, start_n, k_ready.index(stage), k_smem.index(stage))
     mbarrier.wait(v_empty.index(stage), free_phase)
     if v_desc1 is not None:
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes + v_desc1.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc1, [start_n, 0], v_ready.index(stage), v_smem1.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc[0].block_type.nbytes + v_desc1[0].block_type.nbytes)
+        load_rows(v_desc1, start_n, v_ready.index(stage), v_smem1.index(stage))
     else:
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        mbarrier.expect(v_ready.index(stage), v_desc[0].block_type.nbytes)
     if V_TRANSPOSED:
-        tma.async_copy_global_to_shared(v_desc, [0, start_n], v_ready.index(stage), v_smem.index(stage))
+        tma.async_copy_global_to_shared(v_desc[0], [0, start_n], v_ready.index(stage), v_smem.index(stage))
     else:
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(stage), v_smem.index(stage))
+        load_rows(v_desc, start_n, v_ready.index(stage), v_smem.index(stage))
 
 
 @gluon.jit
@@ -193,13 +195,11 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_re
             mbarrier.wait(q_empty.index(wg), (k & 1) ^ 1)
             if n_tiles > 0:
                 if D1 > 0:
-                    mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes + q_desc1.block_type.nbytes)
-                    tma.async_copy_global_to_shared(q_desc1, [start_m + wg * WG_M, 0], q_ready.index(wg),
-                                                    q_smem1.index(wg))
+                    mbarrier.expect(q_ready.index(wg), q_desc[0].block_type.nbytes + q_desc1[0].block_type.nbytes)
+                    load_rows(q_desc1, start_m + wg * WG_M, q_ready.index(wg), q_smem1.index(wg))
                 else:
-                    mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [start_m + wg * WG_M, 0], q_ready.index(wg),
-                                                q_smem.index(wg))
+                    mbarrier.expect(q_ready.index(wg), q_desc[0].block_type.nbytes)
+                load_rows(q_desc, start_m + wg * WG_M, q_ready.index(wg), q_smem.index(wg))
             else:
                 mbarrier.arrive(q_ready.index(wg), count=1)
         for i in range(n_tiles):
@@ -556,9 +556,9 @@ def _attend_tile(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_re
         if D1 > 0:
             staging1.store(out1.to(staging1.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], staging)
+        store_rows(o_desc, row0, staging)
         if D1 > 0:
-            tma.async_copy_shared_to_global(o_desc1, [row0, 0], staging1)
+            store_rows(o_desc1, row0, staging1)
         orows = row0 + gl.arange(0, WG_M, layout=orow_layout)
         gl.store(lse_base + orows, lse, mask=orows < seqlen_q)
     if O_IN_Q_BUFFER:
@@ -591,7 +591,13 @@ def _attend(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, v_ready, 
     tma.store_wait(0)
 
 
-@gluon.jit
+def _kernel_name(specialization) -> str:
+    """The compiled function's name: attn_fwd_sm90_maps for the HOST_MAPS variants, so that a
+    profile tells the two forms apart."""
+    return "attn_fwd_sm90_maps" if specialization.constants.get("HOST_MAPS") else "attn_fwd_sm90"
+
+
+@gluon.jit(repr=_kernel_name)
 def attn_fwd_sm90(
     Q, K, V, Out, Lse,
     stride_qb, stride_qs, stride_qh,
@@ -609,6 +615,7 @@ def attn_fwd_sm90(
     stride_vdescaleb, stride_vdescaleh, q_descale_group, p_scale, stride_vd,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, TILE_LOOP: gl.constexpr, FP8: gl.constexpr,
+    HOST_MAPS: gl.constexpr = False,
 ):
     """attn_fwd's contract (see its docstring) for SCORE_MOD PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY and BIAS_TMA
     (a bias read by TMA, dropout). Launched with 4 warps (the first consumer warpgroup); warp_specialize adds the
@@ -617,7 +624,12 @@ def attn_fwd_sm90(
     TILE_LOOP (always true here): the grid's first axis may be shorter than cdiv(seqlen_q,
     BLOCK_M); each program then runs several query tiles of its (head, batch) (_program_tile),
     building the TMA descriptors and barriers once and loading the next tile's Q, K and V while
-    it finishes the last one."""
+    it finishes the last one.
+
+    HOST_MAPS: Q, K, V and Out are TMA maps the host made over the dense tensors (row_tiles.py),
+    so a program makes no descriptor of its own: the four cost 3.0-3.3 us of a program's setup,
+    5-11 % of a 1k call (docs/notes/tuning.md T36, T39, T40). Dense 16-bit calls of the power-of-two
+    buckets without a bias."""
     gl.static_assert(TILE_LOOP, "attn_fwd_sm90's programs loop over query tiles")
     gl.static_assert(SCORE_MOD != BIAS_DROPOUT, "attn_fwd_sm90 reads a bias by TMA alone (bias_tma)")
     STAGES: gl.constexpr = 2
@@ -635,12 +647,18 @@ def attn_fwd_sm90(
     D1: gl.constexpr = BLOCK_D - D0
     gl.static_assert((D1 == 0) | (D1 * 2 == D0), "a head-dim bucket is a power of two or 1.5 times one")
     gl.static_assert((FP8 == 0) | (D1 == 0), "FP8 inputs: the power-of-two buckets")
-    # FP8 inputs (forward.py's FP8): Q, K and V reinterpreted, V given as V^T (fp8.py).
-    Q = fp8_pointer(Q, FP8)
-    K = fp8_pointer(K, FP8)
-    V = fp8_pointer(V, FP8)
-    dtype: gl.constexpr = Q.dtype.element_ty
-    out_dtype: gl.constexpr = Out.dtype.element_ty
+    gl.static_assert(not HOST_MAPS or ((FP8 == 0) & (D1 == 0) & (SCORE_MOD != BIAS_TMA)),
+                     "host-made maps: 16-bit inputs, a power-of-two bucket, no bias")
+    if HOST_MAPS:
+        dtype: gl.constexpr = Q.dtype
+        out_dtype: gl.constexpr = Out.dtype
+    else:
+        # FP8 inputs (forward.py's FP8): Q, K and V reinterpreted, V given as V^T (fp8.py).
+        Q = fp8_pointer(Q, FP8)
+        K = fp8_pointer(K, FP8)
+        V = fp8_pointer(V, FP8)
+        dtype: gl.constexpr = Q.dtype.element_ty
+        out_dtype: gl.constexpr = Out.dtype.element_ty
     gl.static_assert((CONSUMERS == 2) | (CONSUMERS == 3), "two or three consumer warpgroups of 64 query rows")
 
     num_m_tiles = gl.cdiv(seqlen_q, BLOCK_M)  # the dense (or longest) length, before sequence_span
@@ -659,25 +677,36 @@ def attn_fwd_sm90(
     tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=BITS, rank=2)
     out_swizzle: gl.constexpr = 128 if D0 * 2 >= 128 else D0 * 2
     out_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=out_swizzle, element_bitwidth=16, rank=2)
-    q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
-    k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
-    o_base = Out + batch * stride_ob + q_start.to(gl.int64) * stride_os + head.to(gl.int64) * stride_oh
-    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [WG_M, D0], tile_layout)
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, D0], tile_layout)
-    o_desc = tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, D0], out_layout)
-    if FP8:
-        # V^T (fp8.py): head_dim rows of the sequence's keys, from a row's start, in KEY_ORDER within
-        # each 32, zeros up to the row's end (stride_vd keys, whole tiles): its extent is the row,
-        # as zero-filling past seqlen_k would drop keys that the order moved past it.
-        v_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 128 else BLOCK_N,
-                                                      element_bitwidth=8, rank=2)
-        v_base = V + batch * stride_vb + kv_head.to(gl.int64) * stride_vh
-        v_desc = tma.make_tensor_descriptor(v_base, [head_dim, stride_vd.to(gl.int32)], [stride_vd, 1], [D0, BLOCK_N],
-                                            v_layout)
-    else:
+    # Each tensor's rows as row_tiles.py's sources: the host's maps at this (batch, head), or
+    # descriptors made here over this (sequence, head).
+    if HOST_MAPS:
         v_layout: gl.constexpr = tile_layout
-        v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
-        v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, D0], tile_layout)
+        q_desc = (Q, batch.to(gl.int32), head)
+        k_desc = (K, batch.to(gl.int32), kv_head)
+        v_desc = (V, batch.to(gl.int32), kv_head)
+        o_desc = (Out, batch.to(gl.int32), head)
+    else:
+        q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
+        k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
+        o_base = Out + batch * stride_ob + q_start.to(gl.int64) * stride_os + head.to(gl.int64) * stride_oh
+        q_desc = (tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [WG_M, D0], tile_layout),)
+        k_desc = (tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, D0],
+                                             tile_layout),)
+        o_desc = (tma.make_tensor_descriptor(o_base, [seqlen_q, head_dim], [stride_os, 1], [WG_M, D0], out_layout),)
+        if FP8:
+            # V^T (fp8.py): head_dim rows of the sequence's keys, from a row's start, in KEY_ORDER within
+            # each 32, zeros up to the row's end (stride_vd keys, whole tiles): its extent is the row,
+            # as zero-filling past seqlen_k would drop keys that the order moved past it.
+            v_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 128 else BLOCK_N,
+                                                          element_bitwidth=8, rank=2)
+            v_base = V + batch * stride_vb + kv_head.to(gl.int64) * stride_vh
+            v_desc = (tma.make_tensor_descriptor(v_base, [head_dim, stride_vd.to(gl.int32)], [stride_vd, 1],
+                                                 [D0, BLOCK_N], v_layout),)
+        else:
+            v_layout: gl.constexpr = tile_layout
+            v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
+            v_desc = (tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, D0],
+                                                 tile_layout),)
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)
     if O_IN_Q_BUFFER:
@@ -694,10 +723,12 @@ def attn_fwd_sm90(
         swizzle1: gl.constexpr = 128 if D1 * 2 >= 128 else D1 * 2
         layout1: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle1, element_bitwidth=16, rank=2)
         rest = head_dim - D0
-        q_desc1 = tma.make_tensor_descriptor(q_base + D0, [seqlen_q, rest], [stride_qs, 1], [WG_M, D1], layout1)
-        k_desc1 = tma.make_tensor_descriptor(k_base + D0, [seqlen_k, rest], [stride_ks, 1], [BLOCK_N, D1], layout1)
-        v_desc1 = tma.make_tensor_descriptor(v_base + D0, [seqlen_k, rest], [stride_vs, 1], [BLOCK_N, D1], layout1)
-        o_desc1 = tma.make_tensor_descriptor(o_base + D0, [seqlen_q, rest], [stride_os, 1], [WG_M, D1], layout1)
+        q_desc1 = (tma.make_tensor_descriptor(q_base + D0, [seqlen_q, rest], [stride_qs, 1], [WG_M, D1], layout1),)
+        k_desc1 = (tma.make_tensor_descriptor(k_base + D0, [seqlen_k, rest], [stride_ks, 1], [BLOCK_N, D1],
+                                              layout1),)
+        v_desc1 = (tma.make_tensor_descriptor(v_base + D0, [seqlen_k, rest], [stride_vs, 1], [BLOCK_N, D1],
+                                              layout1),)
+        o_desc1 = (tma.make_tensor_descriptor(o_base + D0, [seqlen_q, rest], [stride_os, 1], [WG_M, D1], layout1),)
         q_smem1 = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D1], layout1)
         if O_IN_Q_BUFFER:
             o_smem1 = q_smem1

@@ -27,11 +27,19 @@ from dataclasses import dataclass
 TYPES = ("*T", "*fp32", "*i32", "*i64", "i32", "i64", "fp32")
 
 
+MAPS_FLAG = "HOST_MAPS"  # the variant flag under which a kernel takes its mappable tensors as host-made maps
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
     type: str
     divisible_by: int | None = None
+    # A tensor [batch, seqlen, heads, head_dim] that variants with the kernel family's HOST_MAPS
+    # flag take as a TMA map the host made over the whole tensor, whose box is map_rows rows (a
+    # number, or the name of the constexpr that holds it) by BLOCK_D columns; None: a pointer in
+    # every variant.
+    map_rows: int | str | None = None
 
     def __post_init__(self):
         if self.type not in TYPES:
@@ -43,9 +51,9 @@ class Param:
 
 
 # Constructors that read like the kernel's own vocabulary.
-def tensor(name: str) -> Param:
-    """A tensor of the variant's dtype, 16-byte aligned."""
-    return Param(name, "*T", 16)
+def tensor(name: str, map_rows: int | str | None = None) -> Param:
+    """A tensor of the variant's dtype, 16-byte aligned; map_rows: see Param."""
+    return Param(name, "*T", 16, map_rows)
 
 
 def f32_tensor(name: str) -> Param:
@@ -156,15 +164,38 @@ class KernelSpec:
                             f"takes {runtime}; keep the spec beside the kernel in the kernel's order")
         self.constexprs: tuple[str, ...] = tuple(name for name, is_constexpr in arguments if is_constexpr)
         self.arg_names: tuple[str, ...] = tuple(name for name, _ in arguments)
+        # The tensors a HOST_MAPS variant takes as maps, in the kernel's order (the launchers'
+        # and the kernel table's order of maps).
+        self.maps: tuple[Param, ...] = tuple(p for p in self.params if p.map_rows is not None)
+        if self.maps and MAPS_FLAG not in self.constexprs:
+            raise TypeError(f"{self.name}: {[p.name for p in self.maps]} may be maps, but the kernel has no "
+                            f"{MAPS_FLAG} constexpr to say when")
 
-    def triton_signature(self, dtype: str) -> tuple[dict, dict]:
-        """(signature, attrs) for triton.compile's ASTSource; constexprs are "constexpr"."""
+    def takes_maps(self, constants: dict | None) -> bool:
+        """Whether a variant with these constexprs takes the spec's maps (its HOST_MAPS flag)."""
+        return bool(self.maps and constants and constants.get(MAPS_FLAG))
+
+    def map_box(self, param: Param, constants: dict) -> list[int]:
+        """The box of `param`'s map in a variant: [1, rows, 1, BLOCK_D] over [batch, seqlen, heads, head_dim]."""
+        rows = param.map_rows if isinstance(param.map_rows, int) else int(constants[param.map_rows])
+        return [1, rows, 1, int(constants["BLOCK_D"])]
+
+    def triton_signature(self, dtype: str, constants: dict | None = None) -> tuple[dict, dict]:
+        """(signature, attrs) for triton.compile's ASTSource; constexprs are "constexpr". A
+        variant that takes maps (`constants`' HOST_MAPS) has them as `tensordesc` parameters,
+        which Triton lowers to the 128-byte CUtensorMap by value, then the map's shape (int32)
+        and strides (int64)."""
         types = {p.name: p for p in self.params}
+        maps = {p.name for p in self.maps} if self.takes_maps(constants) else set()
         signature, attrs = {}, {}
         for index, name in enumerate(self.arg_names):
             param = types.get(name)
             if param is None:
                 signature[name] = "constexpr"
+                continue
+            if name in maps:
+                box = ", ".join(map(str, self.map_box(param, constants)))
+                signature[name] = f"tensordesc<{dtype}[{box}],{map_layout(dtype, constants['BLOCK_D'])}>"
                 continue
             signature[name] = param.type.replace("*T", "*" + dtype)
             if param.divisible_by:
@@ -182,6 +213,16 @@ class KernelSpec:
         runtime = [arguments[n] for n in names]
         constants = {n: arguments[n] for n in self.constexprs if n in arguments}
         return self.kernel[grid](*runtime, **constants, num_warps=num_warps, num_stages=num_stages)
+
+
+def map_layout(dtype: str, block_d: int):
+    """The shared-memory layout of a map's box: the kernels' own row tiles' (a 128-byte swizzle
+    where a row of BLOCK_D elements has 128 bytes, else the row's width) at rank 4."""
+    from triton.experimental.gluon import language as gl
+
+    bits = {"fp16": 16, "bf16": 16, "fp32": 32}[dtype]
+    row_bytes = int(block_d) * bits // 8
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=bits, rank=4)
 
 
 def _kernel_arguments(kernel) -> list[tuple[str, bool]]:

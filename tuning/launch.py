@@ -21,7 +21,7 @@ import triton
 from triton_src.backward import ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_PREPROCESS
 from triton_src.forward import ATTN_FWD
 from triton_src.segments import SEGMENT_SPANS
-from triton_src.spec import tensor_strides
+from triton_src.spec import MAPS_FLAG, map_layout, tensor_strides
 from triton_src.variants import score_mod_value
 
 LOG2E = math.log2(math.e)
@@ -163,15 +163,31 @@ def _shape(q, k, seqlen_q, seqlen_k):
             dict(BLOCK_D=block_d, PAD_D=block_d != head_dim))
 
 
+def host_maps(spec, tensors: dict, constants: dict) -> dict:
+    """The host-made TMA maps a HOST_MAPS variant of `spec` takes (its map-able tensors, from
+    `tensors` by name: dense [batch, seqlen, heads, head_dim]), boxes as the spec gives them for
+    `constants`: what csrc/runtime/tensor_maps.cpp encodes for the op."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    maps = {}
+    for param in spec.maps:
+        t = tensors[param.name]
+        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}[t.dtype]
+        maps[param.name] = TensorDescriptor(t, list(t.shape), list(t.stride()), spec.map_box(param, constants),
+                                            map_layout(dtype, constants["BLOCK_D"]))
+    return maps
+
+
 def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packing | None = None, spec=ATTN_FWD,
-            programs: int | None = None, replace: dict | None = None):
+            programs: int | None = None, replace: dict | None = None, maps: bool = False):
     """(out, lse) of attn_fwd, or of another kernel with its arguments (`spec`: the Hopper
     forward). Dense outputs start as NaN (every element must be written); packed ones as zeros,
     as the op allocates them (rows outside every sequence are not written). `programs`: that
     many programs per (head, batch) instead of one per query tile, for a kernel whose spec
     loops over tiles (the op picks its own number: csrc/attention/query_tile_programs.cpp).
     `replace`: kernel arguments by name that take the place of the computed ones (a study's
-    buffer in an argument its variant does not read)."""
+    buffer in an argument its variant does not read). `maps`: the HOST_MAPS variant, Q, K, V and
+    Out given as host-made maps (dense 16-bit calls; the Hopper kernel's)."""
     if programs is not None and not (spec.loops_over_tiles and programs >= 1):
         raise ValueError(f"programs={programs}: {spec.name} "
                          + ("takes one or more" if spec.loops_over_tiles else "runs one query tile per program"))
@@ -187,6 +203,13 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
                      **rows("k", k), **rows("v", v), **rows("o", out), **layout, **shape, **variant_args,
                      **variant.sink_args(q.device), **variant.span_args(tiles.block_m, False, q.device),
                      **_without_fp8(lse))
+    if maps:
+        if not dense or not spec.maps:
+            raise ValueError(f"maps=True: {spec.name} takes maps of dense tensors"
+                             + ("" if spec.maps else f", and {spec.name} takes none"))
+        arguments[MAPS_FLAG] = True
+        arguments.update(host_maps(spec, {"Q": q, "K": k, "V": v, "Out": out},
+                                   {"BLOCK_N": tiles.block_n, **arguments}))
     arguments.update(replace or {})
     spec.launch((tiles_m if programs is None else min(programs, tiles_m), q.shape[-2], batch),
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, **arguments)

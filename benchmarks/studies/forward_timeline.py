@@ -56,7 +56,7 @@ def timed_source(src: str) -> str:
         replace(anchor, anchor + text if after else text + anchor)
 
     program = "(pid + num_programs * (head + gl.num_programs(1) * batch)) * " + str(SLOTS)
-    insert("    q_desc = tma.make_tensor_descriptor(q_base,", f"    gl.store(Bias + {program} + 5, {_GLOBALTIMER})\n")
+    insert("    # Each tensor's rows as row_tiles.py's sources", f"    gl.store(Bias + {program} + 5, {_GLOBALTIMER})\n")
     insert("    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, D0], tile_layout)\n",
            f"    gl.store(Bias + {program} + 6, {_GLOBALTIMER})\n")
     insert("    if CONSUMERS == 2:\n        gl.warp_specialize([",

@@ -38,6 +38,20 @@ Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v
   return vt;
 }
 
+// Dense 16-bit calls up to this many query rows take Q, K, V and Out as maps the host makes
+// (HOST_MAPS, where the build has the variant: plain scores in the 64 and 128 buckets on sm_90),
+// so that the Hopper kernel's programs make no TMA descriptors of their own: 1.05-1.11x at 1k
+// rows, 1.02-1.03x at 2k; at d128 4k the maps ran 0.97-0.99x (docs/notes/tuning.md T39).
+constexpr int64_t kHostMapsUpToRows = 2048;
+
+bool wants_host_maps(const AttentionShape& s, bool packed, bool fp8, bool seqused_k, const Tensor& q,
+                     const Tensor& k, const Tensor& v) {
+  if (packed || fp8 || seqused_k || s.seqlen_q > kHostMapsUpToRows || !runtime::maps_supported()) return false;
+  const int bytes = static_cast<int>(q.element_size());
+  return runtime::fits_map(map_source(q), bytes) && runtime::fits_map(map_source(k), bytes) &&
+         runtime::fits_map(map_source(v), bytes);
+}
+
 }  // namespace
 
 // cu_seqlens_q/k and seqused_k: packed inputs (q [total_q, heads, head_dim]) when given.
@@ -72,14 +86,16 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   // The variant built for this call's score modifiers where the build has it (the Hopper kernel's),
   // else the general one (attention_variant.h).
   const ScoreModChoice mods = forward_score_mods(variant);
+  const bool host_maps = wants_host_maps(s, packed, fp8.active, seqused_k.has_value(), q, k, v);
   const auto fwd = loop_allowed
       ? choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
-                               {{.SCORE_MOD = mods.best, .TILE_LOOP = tile_loop, .FP8 = fp8_kind},
-                                {.SCORE_MOD = mods.best, .TILE_LOOP = !tile_loop, .FP8 = fp8_kind},
-                                {.SCORE_MOD = mods.general, .TILE_LOOP = tile_loop, .FP8 = fp8_kind},
-                                {.SCORE_MOD = mods.general, .TILE_LOOP = !tile_loop, .FP8 = fp8_kind}})
+                               {{.SCORE_MOD = mods.best, .TILE_LOOP = tile_loop, .FP8 = fp8_kind, .HOST_MAPS = host_maps},
+                                {.SCORE_MOD = mods.best, .TILE_LOOP = tile_loop, .FP8 = fp8_kind, .HOST_MAPS = false},
+                                {.SCORE_MOD = mods.best, .TILE_LOOP = !tile_loop, .FP8 = fp8_kind, .HOST_MAPS = false},
+                                {.SCORE_MOD = mods.general, .TILE_LOOP = tile_loop, .FP8 = fp8_kind, .HOST_MAPS = false},
+                                {.SCORE_MOD = mods.general, .TILE_LOOP = !tile_loop, .FP8 = fp8_kind, .HOST_MAPS = false}})
       : choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
-                               {{.SCORE_MOD = mods.general, .TILE_LOOP = false, .FP8 = fp8_kind}});
+                               {{.SCORE_MOD = mods.general, .TILE_LOOP = false, .FP8 = fp8_kind, .HOST_MAPS = false}});
   const int64_t tiles = ceil_div(s.seqlen_q, fwd.constant(attn_fwd::BLOCK_M));
   // Packed sequences keep one tile per program: their lengths differ, and the GPU balances
   // short programs itself.
@@ -110,6 +126,12 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   const RowStrides qs = row_strides(q), ks = row_strides(k), os = row_strides(out);
   const RowStrides vs = fp8.active ? RowStrides{v.stride(0), 0, v.stride(1)} : row_strides(v);
   const LseStrides ls = lse_strides(lse);
+  // The variant chosen takes the four tensors as maps (made from the tensors as they are now:
+  // aligned_for_kernel kept any tensor wants_host_maps accepted).
+  std::optional<attn_fwd::Maps> maps;
+  if (fwd.constant(attn_fwd::HOST_MAPS)) {
+    maps = attn_fwd::Maps{.Q = map_source(q), .K = map_source(k), .V = map_source(v), .Out = map_source(out)};
+  }
   kernels::launch_attn_fwd(fwd, grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .Out = out.data_ptr(), .Lse = lse.data_ptr(),
       .stride_qb = qs.b, .stride_qs = qs.s, .stride_qh = qs.h, .stride_kb = ks.b, .stride_ks = ks.s,
@@ -125,7 +147,7 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
       .bias = bias_args(scope, variant.bias),
       .dropout = dropout_args(scope, variant),
       .fp8_inputs = fp8_inputs_args(scope, fp8, s, fp8.active ? v.stride(2) : 0),
-  });
+  }, maps ? &*maps : nullptr);
   return {out, lse};
 }
 

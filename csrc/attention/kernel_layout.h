@@ -5,8 +5,14 @@
 #include <optional>
 
 #include "common/kernel_choice.h"
+#include "runtime/tensor_maps.h"
 
 namespace fattn {
+
+// A dense [batch, seqlen, heads, dim] tensor as a host-made TMA map covers it (runtime/tensor_maps.h).
+inline runtime::MapSource map_source(const Tensor& t) {
+  return {t.data_ptr(), {t.size(0), t.size(1), t.size(2), t.size(3)}, {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
+}
 
 // Element strides of a [batch, seqlen, heads, dim] tensor, or of a packed [total, heads,
 // dim] one (batch stride 0: each program adds its sequence's first row instead).

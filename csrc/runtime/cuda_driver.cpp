@@ -27,6 +27,10 @@ Symbol resolve(void* lib, const char* name) {
   return {sym};
 }
 
+// A function that drivers older than the CUDA version introducing it lack: null there (its
+// callers check).
+Symbol resolve_optional(void* lib, const char* name) { return {dlsym(lib, name)}; }
+
 Driver load_driver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -44,7 +48,8 @@ Driver load_driver() {
                  .cuDevicePrimaryCtxRetain = fn("cuDevicePrimaryCtxRetain"), .cuCtxGetCurrent = fn("cuCtxGetCurrent"),
                  .cuCtxPushCurrent = fn("cuCtxPushCurrent_v2"), .cuCtxPopCurrent = fn("cuCtxPopCurrent_v2"),
                  .cuModuleLoadData = fn("cuModuleLoadData"), .cuModuleGetFunction = fn("cuModuleGetFunction"),
-                 .cuFuncSetAttribute = fn("cuFuncSetAttribute"), .cuLaunchKernel = fn("cuLaunchKernel")};
+                 .cuFuncSetAttribute = fn("cuFuncSetAttribute"), .cuLaunchKernel = fn("cuLaunchKernel"),
+                 .cuTensorMapEncodeTiled = resolve_optional(lib, "cuTensorMapEncodeTiled")};
   check(d.cuInit(0), "cuInit");
   return d;
 }

@@ -6,6 +6,7 @@
 // of cuda.h, so no CUDA headers are needed to build.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fattn::cuda {
@@ -16,6 +17,11 @@ using CUcontext = struct CUctx_st*;
 using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
+
+// A TMA map (cuda.h's CUtensorMap): 128 opaque bytes, 64-byte aligned.
+struct alignas(64) CUtensorMap {
+  unsigned char opaque[128];
+};
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
@@ -40,6 +46,11 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
+  // Null where the driver predates it (CUDA 12.0): the kernels that take host-made maps are then
+  // not chosen. Its enum arguments (data type, interleave, swizzle, L2 promotion, out-of-bounds
+  // fill) are ints with cuda.h's values.
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, int, unsigned, void*, const uint64_t*, const uint64_t*,
+                                     const uint32_t*, const uint32_t*, int, int, int, int);
 };
 
 // The driver, opened and initialised on first use (thread-safe). Throws

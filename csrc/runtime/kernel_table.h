@@ -19,6 +19,16 @@ struct KernelConstant {
   int64_t value;
 };
 
+// The box of one host-made TMA map a kernel takes (its HOST_MAPS variants), as Triton recorded it
+// when it compiled the kernel: box sizes outermost first ([1, rows, 1, columns] over [batch,
+// seqlen, heads, head_dim]), and the CUtensorMap swizzle and data type (cuda.h's enum values).
+struct MapBox {
+  uint32_t box[4];
+  int swizzle;
+  int data_type;
+  int element_bytes;
+};
+
 struct KernelEntry {
   const char* kernel;  // Triton function name, e.g. "attn_fwd"
   int kernel_id;       // its index in kernel_launchers.h (fattn::kernels::<kernel>::kId)
@@ -37,6 +47,10 @@ struct KernelEntry {
   int global_scratch_size;    // bytes per program; 0 = none
   int global_scratch_align;
   int profile_scratch_size;   // bytes per program; 0 = none
+  // The maps the kernel takes in place of its map-able tensors (the spec's map_rows), in the
+  // kernel's order; none for a variant that takes them as pointers.
+  const MapBox* maps;
+  int num_maps;
   size_t cubin_offset, cubin_size;  // into kernel_blob()
   size_t ptx_offset, ptx_size;      // into kernel_blob()
   // Each image is what cuModuleLoadData takes: a compressed fatbinary (the driver

@@ -327,9 +327,10 @@ def _check_outputs(out_dir, manifest, tmp_path):
         assert struct.unpack_from("<I", cubin, 48)[0] & 0xFF == row["arch"], "cubin built for another arch"
         assert row["function"].encode() + b"\0" in cubin, "kernel symbol missing from its cubin"
         # The C++ table carries the same offsets and launch metadata as the manifest.
+        maps = f"kMaps{manifest['kernels'].index(row)}" if row["maps"] else "nullptr"
         entry_tail = (f"{row['shared']}, {row['global_scratch_size']}, {row['global_scratch_align']}, "
-                      f"{row['profile_scratch_size']}, {row['cubin_offset']}u, {row['cubin_size']}u, "
-                      f"{row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\"}},")
+                      f"{row['profile_scratch_size']}, {maps}, {len(row['maps'])}, {row['cubin_offset']}u, "
+                      f"{row['cubin_size']}u, {row['ptx_offset']}u, {row['ptx_size']}u, \"{row['function']}\"}},")
         assert entry_tail in table
         assert (ptx is not None) == (row["arch"] in manifest["ptx_archs"])
         if ptx is None:
@@ -431,8 +432,8 @@ def test_a_gluon_kernel_compiles_ahead_of_time_through_the_build(tmp_path, monke
 def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     # configs.json's "implementations": attn_fwd_sm90 (Gluon) is built in attn_fwd's place for
     # sm_90, buckets 128 and 256 with SCORE_MOD plain, softcap_alibi, alibi_only and bias_tma (a bias read by TMA)
-    # and bucket 64 with SCORE_MOD plain, TILE_LOOP, with its own tiles; every other attn_fwd variant
-    # is the family's own.
+    # and bucket 64 with SCORE_MOD plain, TILE_LOOP, with its own tiles (plain in 64 and 128 also with
+    # HOST_MAPS, host-made maps); every other attn_fwd variant is the family's own.
     env = {"FATTN_CUDA_ARCHS": "80;90", "FATTN_HEAD_DIMS": "64;128;256"}
     every = [v for v in grid.expand(env=env) if v.kernel == "attn_fwd"]
     # FP8 inputs: the Hopper kernel at d128 and d256 (SCORE_MOD plain and softcap_alibi), e4m3 and e5m2, the
@@ -450,7 +451,8 @@ def test_implementations_replace_only_the_variants_they_serve(tmp_path):
     assert {v.constant_dict["BLOCK_D"]: (v.constant_dict["BLOCK_M"], v.constant_dict["BLOCK_N"]) for v in hopper} == {
         64: (192, 128), 128: (128, 128), 256: (128, 64)}
     others = [v for v in variants if not v.implementation]
-    assert len(others) == len(variants) - 18 and all(v.source == "triton_src.forward" for v in others)
+    assert len(others) == len(variants) - 18 - 4 and all(v.source == "triton_src.forward" for v in others)
+    assert sum(bool(v.constant_dict["HOST_MAPS"]) for v in hopper) == 4
     # The table keys a variant by family, arch, dtype and constants: both kinds carry the same names.
     assert {tuple(n for n, _ in v.constants) for v in variants} == {tuple(n for n, _ in hopper[0].constants)}
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fattn
-from fattn._library import prefers_tile_loop
+from fattn._library import host_maps_up_to_rows, prefers_tile_loop
 from fattn.reference import attention_reference
 from helpers import check_accuracy, kernels_launched, launch_grids, make_qkv, requires_gpu
 
@@ -302,17 +302,18 @@ def test_packed_batch_with_empty_sequences():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", ["d64 1600x1500", "d64 1600x1500 left-window", "d120 1000x1300",
-                                  "d120 1000x1300 causal", "d128 2048x700 causal", "d128 333x2048"])
-def test_dense_calls_up_to_2k_rows_take_host_made_maps(case, dtype):
-    # csrc/attention/forward_cuda.cpp: dense 16-bit calls with plain scores, up to 2048 query rows,
-    # that run the looping kernel take Q, K, V and Out as maps the host made (attn_fwd_sm90_maps).
+                                  "d120 1000x1300 causal", "d128 LIMITx700 causal", "d128 333x2048"])
+def test_dense_calls_up_to_the_limit_take_host_made_maps(case, dtype):
+    # csrc/attention/forward_cuda.cpp: dense 16-bit calls with plain scores, up to the library's
+    # host_maps_up_to_rows() query rows (LIMIT: that many), that run the looping kernel take Q, K,
+    # V and Out as maps the host made (attn_fwd_sm90_maps).
     # The maps clip rows and columns as the kernel's own descriptors do, so its output must be the
     # same to the bit as that of the same call with K as a view that broadcasts over the KV heads
     # (a stride of 0, which no map takes: the kernel then makes its descriptors), and right
     # against float64.
     words = case.split()
     d = int(words[0][1:])
-    sq, sk = (int(x) for x in words[1].split("x"))
+    sq, sk = (host_maps_up_to_rows() if x == "LIMIT" else int(x) for x in words[1].split("x"))
     options = {"causal": dict(causal=True), "left-window": dict(window_size=(300, -1))}.get(words[-1], {})
     torch.manual_seed(sq + sk + d)
     q, k, v = make_qkv(2, sq, sk, 8, 2, d, dtype, "cuda")
@@ -330,12 +331,12 @@ def test_dense_calls_up_to_2k_rows_take_host_made_maps(case, dtype):
     check_accuracy(out, lse, q, k, v, None, causal, case, **options)
 
 
-@pytest.mark.parametrize("case", ["2049 rows", "packed", "softcap", "fp16 rows unaligned"])
+@pytest.mark.parametrize("case", ["a row past the limit", "packed", "softcap", "fp16 rows unaligned"])
 def test_other_calls_keep_the_kernels_own_descriptors(case):
-    # Past 2048 query rows (the maps measured slower at d128 4k: docs/notes/tuning.md T39), packed
+    # Past host_maps_up_to_rows() query rows (the maps measured slower at d128 4k: docs/notes/tuning.md T39), packed
     # sequences (a map does not stop at a sequence's end), score modifications (no HOST_MAPS
     # variant) and tensors a map cannot take run attn_fwd_sm90 with its own descriptors.
-    n = 2049 if case == "2049 rows" else 1000
+    n = host_maps_up_to_rows() + 1 if case == "a row past the limit" else 1000
     torch.manual_seed(n)
     q, k, v = make_qkv(1, n, n, 4, 2, 128, torch.float16 if case.startswith("fp16") else torch.bfloat16, "cuda")
     if case == "packed":

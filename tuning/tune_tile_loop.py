@@ -12,7 +12,8 @@ is the one choice the op makes by length.
 
 How: both kernels through Triton's JIT with the tiles the grid builds (aot_build/tuned/sm<arch>.json and
 configs.json's "implementations"), the looping one with the programs per (head, batch) the op
-would give it (fattn's own rule, through the built library: build it first). Each is captured
+would give it and, up to the rows the op takes them for, with host-made maps where the grid
+builds them (HOST_MAPS; fattn's own rules, through the built library: build it first). Each is captured
 in a CUDA graph and replayed, so that the JIT's host time does not count (the library's launches
 cost far less), the two alternating --pairs times. Before timing, each must hold the accuracy
 rule (tuning/tune.py's: within 2x of PyTorch's own bf16 error against float64, causal and
@@ -67,15 +68,21 @@ def buckets_built_both_ways(arch: int) -> list[int]:
 
 
 def _looping_tiles(arch: int, bucket: int):
+    """(implementation, tiles, whether the grid also builds it with host-made maps) of the
+    bucket's looping attn_fwd without score modifications."""
     from aot_build import grid
     from tuning.launch import Tiles
 
+    found, maps = None, False
     for v in grid.expand(env={"FATTN_CUDA_ARCHS": str(arch), "FATTN_HEAD_DIMS": str(bucket)}):
         c = v.constant_dict
         if (v.kernel == "attn_fwd" and c["BLOCK_D"] == bucket and c["SCORE_MOD"] == score_mod_value("plain") and c["TILE_LOOP"]
                 and not c["FP8"]):
-            return v.implementation, Tiles(c["BLOCK_M"], c["BLOCK_N"], v.num_warps, v.num_stages)
-    raise SystemExit(f"the grid builds no looping attn_fwd for sm{arch} bucket {bucket}")
+            maps = maps or bool(c.get("HOST_MAPS"))
+            found = found or (v.implementation, Tiles(c["BLOCK_M"], c["BLOCK_N"], v.num_warps, v.num_stages))
+    if found is None:
+        raise SystemExit(f"the grid builds no looping attn_fwd for sm{arch} bucket {bucket}")
+    return (*found, maps)
 
 
 def measure_bucket(arch: int, bucket: int, seqlens, tokens: int, hidden: int, pairs: int, log=print) -> dict:
@@ -86,7 +93,8 @@ def measure_bucket(arch: int, bucket: int, seqlens, tokens: int, hidden: int, pa
     from tuning import launch
 
     one_tile = launch.Tiles(*current_config("attn_fwd", arch, bucket))
-    implementation, looping = _looping_tiles(arch, bucket)
+    implementation, looping, has_maps = _looping_tiles(arch, bucket)
+    maps_up_to = library.host_maps_up_to_rows() if has_maps else 0
     one_tile_spec, looping_spec = kernel_spec("attn_fwd"), kernel_spec(implementation)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
@@ -96,7 +104,9 @@ def measure_bucket(arch: int, bucket: int, seqlens, tokens: int, hidden: int, pa
             return lambda: launch.forward(p.q, p.k, p.v, one_tile, variant, spec=one_tile_spec)
         tiles = -(-p.q.shape[1] // looping.block_m)
         programs = library.query_tile_programs(tiles, p.q.shape[0] * p.q.shape[2], sms, p.causal)
-        return lambda: launch.forward(p.q, p.k, p.v, looping, variant, spec=looping_spec, programs=programs)
+        # As the op runs it: with host-made maps up to its rows, where the grid builds them.
+        maps = p.q.shape[1] <= maps_up_to
+        return lambda: launch.forward(p.q, p.k, p.v, looping, variant, spec=looping_spec, programs=programs, maps=maps)
 
     accuracy = []
     for p, exact, bounds in accuracy_checks(bucket):

@@ -27,7 +27,7 @@ def forward_cases(head_dims: str, seqlens: str, tokens: int, hidden: int, sms: i
     from tuning.tune_tile_loop import _looping_tiles
 
     for d in (int(x) for x in head_dims.split(",")):
-        _, tiles = _looping_tiles(90, d)
+        _, tiles, _ = _looping_tiles(90, d)
         for s in (int(x) for x in seqlens.split(",")):
             for causal in (True, False):
                 heads, batch = hidden // d, max(1, tokens // s)

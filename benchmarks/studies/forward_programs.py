@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     arch, sms = 90, torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for d in (int(x) for x in args.head_dims.split(",")):
-        implementation, tiles_cfg = _looping_tiles(arch, d)
+        implementation, tiles_cfg, _ = _looping_tiles(arch, d)
         spec = kernel_spec(implementation)
         for s in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):

@@ -38,12 +38,8 @@ Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v
   return vt;
 }
 
-// Dense 16-bit calls up to this many query rows take Q, K, V and Out as maps the host makes
-// (HOST_MAPS, where the build has the variant: plain scores in the 64 and 128 buckets on sm_90),
-// so that the Hopper kernel's programs make no TMA descriptors of their own: 1.05-1.11x at 1k
-// rows, 1.02-1.03x at 2k; at d128 4k the maps ran 0.97-0.99x (docs/notes/tuning.md T39).
-constexpr int64_t kHostMapsUpToRows = 2048;
-
+// Whether the call asks for the HOST_MAPS variant first: kHostMapsUpToRows' calls whose tensors
+// a map takes, where the driver can make maps.
 bool wants_host_maps(const AttentionShape& s, bool packed, bool fp8, bool seqused_k, const Tensor& q,
                      const Tensor& k, const Tensor& v) {
   if (packed || fp8 || seqused_k || s.seqlen_q > kHostMapsUpToRows || !runtime::maps_supported()) return false;

@@ -54,6 +54,14 @@ def prefers_tile_loop(arch: int, bucket: int, seqlen_q: int, packed: bool, right
     return bool(fn(arch, bucket, seqlen_q, int(packed), int(right_edge)))
 
 
+def host_maps_up_to_rows() -> int:
+    """The query rows up to which a dense forward call takes host-made maps where the build has
+    the variant (attn_fwd's HOST_MAPS): the op's own rule (csrc/attention/query_tile_programs.h)."""
+    fn = _ctypes_handle().fattn_host_maps_up_to_rows
+    fn.restype = ctypes.c_int64
+    return fn()
+
+
 def query_tile_programs(tiles: int, sequence_heads: int, sms: int, heavy_first: bool) -> int:
     """The programs per (head, sequence) the op gives the looping forward: the op's own rule."""
     fn = _ctypes_handle().fattn_query_tile_programs

@@ -154,19 +154,18 @@ def _table_cpp(rows: list[dict], blob_path: Path, triton_version: str, config: d
     return "\n".join(lines)
 
 
-# Triton's tensordesc_meta names a map's element type by its device-side enum, whose values for
-# 64-bit floats and bfloat16 differ from cuda.h's CUtensorMapDataType (Triton's driver maps them).
-_MAP_DATA_TYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
-
-
 def _map_box(meta: dict) -> str:
-    """One MapBox initializer from a Triton tensordesc_meta entry."""
+    """One MapBox initializer from a Triton tensordesc_meta entry, whose element type is Triton's
+    device-side enum: its driver's table turns it into cuda.h's CUtensorMapDataType, as its own
+    launcher does."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
     box = meta["block_size"]
     if len(box) != 4 or meta.get("fp4_padded"):
         raise ValueError(f"a host-made map is rank 4 over [batch, seqlen, heads, head_dim], unpadded; Triton "
                          f"recorded {meta}")
     return (f"{{{{{', '.join(f'{b}u' for b in box)}}}, {int(meta['swizzle'])}, "
-            f"{_MAP_DATA_TYPE[int(meta['elem_type'])]}, {int(meta['elem_size'])}}}")
+            f"{TMA_DTYPE_DEVICE_TO_HOST[int(meta['elem_type'])]}, {int(meta['elem_size'])}}}")
 
 
 def tile_loop_rows(config: dict) -> list[dict]:

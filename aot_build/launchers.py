@@ -133,16 +133,16 @@ def _slots(spec, as_maps: bool) -> tuple[list[str], list[str]]:
     for p, path in _paths(spec):
         if p.name in maps:
             name = f"map_{p.name}"
-            locals_.append(f"  const runtime::EncodedMap {name} = runtime::encode_map(v.target, {maps.index(p.name)}, "
+            locals_.append(f"const runtime::EncodedMap {name} = runtime::encode_map(v.target, {maps.index(p.name)}, "
                            f"\"{p.name}\", maps->{p.name});")
             slots += [f"const_cast<cuda::CUtensorMap*>(&{name}.map)",
                       *[f"const_cast<int32_t*>(&{name}.shape[{d}])" for d in range(4)],
                       *[f"const_cast<int64_t*>(&{name}.strides[{d}])" for d in range(4)]]
         elif p.type == "i32":
-            locals_.append(f"  const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", {path}.value);")
+            locals_.append(f"const int32_t {p.name} = runtime::narrow_i32(v.target, \"{p.name}\", {path}.value);")
             slots.append(f"const_cast<int32_t*>(&{p.name})")
         elif p.type == "fp32":
-            locals_.append(f"  const float {p.name} = static_cast<float>({path}.value);")
+            locals_.append(f"const float {p.name} = static_cast<float>({path}.value);")
             slots.append(f"const_cast<float*>(&{p.name})")
         elif p.type == "i64":
             slots.append(f"const_cast<int64_t*>(&{path}.value)")
@@ -153,14 +153,14 @@ def _slots(spec, as_maps: bool) -> tuple[list[str], list[str]]:
 
 def _launch_body(spec, as_maps: bool, indent: str) -> list[str]:
     locals_, slots = _slots(spec, as_maps)
-    return [indent + line.lstrip() if line.startswith("  ") else line for line in [
-        *locals_,
-        "  void* scratch[2] = {nullptr, nullptr};  // Triton's global and profile scratch pointers",
-        "  void* params[] = {",
-        *[f"      {s}," for s in slots],
-        "      &scratch[0], &scratch[1]};",
-        "  runtime::launch(v.target, grid, params, scratch);",
-    ]]
+    return [
+        *[indent + line for line in locals_],
+        f"{indent}void* scratch[2] = {{nullptr, nullptr}};  // Triton's global and profile scratch pointers",
+        f"{indent}void* params[] = {{",
+        *[f"{indent}    {s}," for s in slots],
+        f"{indent}    &scratch[0], &scratch[1]}};",
+        f"{indent}runtime::launch(v.target, grid, params, scratch);",
+    ]
 
 
 def _launch_fn(kernel: str, spec) -> list[str]:

@@ -1,5 +1,5 @@
 """The cases the studies of the Hopper forward's looping kernel time (forward_timeline.py,
-forward_host_maps.py): per head dim, length and causal flag, the grid's tiles, the problem and the
+forward_host_maps.py; forward_programs.py takes the same options): per head dim, length and causal flag, the grid's tiles, the problem and the
 op's programs per (head, batch), so that a copy of the kernel runs as the library's does."""
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ class ForwardCase(NamedTuple):
     problem: object  # tuning.tune.Problem: q, k, v
     programs: int  # per (head, batch), as csrc/attention/query_tile_programs.cpp picks them
     variant: object  # tuning.launch.Variant
+
+
+def add_case_arguments(parser, head_dims: str = "64,128", seqlens: str = "1024,2048,4096") -> None:
+    """The study problem's options on a command line: --head-dims and --seqlens (comma-separated),
+    --tokens per call and --hidden (heads = hidden // head dim), as forward_cases takes them."""
+    parser.add_argument("--head-dims", default=head_dims)
+    parser.add_argument("--seqlens", default=seqlens)
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--hidden", type=int, default=2048)
 
 
 def forward_cases(head_dims: str, seqlens: str, tokens: int, hidden: int, sms: int) -> Iterator[ForwardCase]:

@@ -27,13 +27,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from forward_cases import add_case_arguments, forward_cases  # noqa: E402
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", default="64,128")
-    parser.add_argument("--seqlens", default="1024,2048,4096")
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--hidden", type=int, default=2048)
+    add_case_arguments(parser)
     parser.add_argument("--pairs", type=int, default=4, help="interleaved timing pairs per case")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -48,8 +47,6 @@ def main(argv=None) -> int:
     from triton_src.forward_sm90 import ATTN_FWD_SM90
     from tuning import launch
     from tuning.tune import graph_replay
-
-    from forward_cases import forward_cases
 
     launch.use_torch_scratch()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

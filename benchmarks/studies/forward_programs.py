@@ -21,6 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from forward_cases import add_case_arguments  # noqa: E402
 
 
 def counts(tiles: int, rule: int) -> list[int]:
@@ -34,10 +37,7 @@ def counts(tiles: int, rule: int) -> list[int]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", default="64,128")
-    parser.add_argument("--seqlens", default="1024,2048,4096")
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--hidden", type=int, default=2048)
+    add_case_arguments(parser)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

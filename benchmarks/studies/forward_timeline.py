@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from forward_cases import add_case_arguments, forward_cases  # noqa: E402
+
 SLOTS = 8192  # int64 clock slots per program
 ROUNDS, CONSUMER0, CONSUMER1, PRODUCER, Q_ISSUE = 8, 1024, 3072, 5120, 7168  # where each record starts
 _GLOBALTIMER = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)'
@@ -132,10 +134,7 @@ def summary(rec) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", default="128")
-    parser.add_argument("--seqlens", default="1024,4096")
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--hidden", type=int, default=2048)
+    add_case_arguments(parser, head_dims="128", seqlens="1024,4096")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--records", type=Path, default=None, help="a folder for each case's raw clocks (.npz)")
     args = parser.parse_args(argv)
@@ -153,7 +152,6 @@ def main(argv=None) -> int:
     from tuning import launch
     from tuning.tune import graph_replay
 
-    from forward_cases import forward_cases
     from kernel_copy import import_copy
 
     timed = import_copy("forward_sm90_timed", timed_source((ROOT / "triton_src" / "forward_sm90.py").read_text())

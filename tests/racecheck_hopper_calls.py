@@ -31,16 +31,18 @@ CALLS = {  # name: (head_dim, backward, deterministic, softcap, the kernel funct
     "forward-d192": (192, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 192, "SCORE_MOD": "plain"}),
     # O staged in Q's buffer (O_IN_Q_BUFFER): each warp's TMA store reads it before Q's release.
     "forward-d256": (256, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 256, "SCORE_MOD": "plain"}),
-    "backward-d64": (64, True, False, 0.0, "attn_bwd_dkdv_sm90",
+    # Dense backward calls up to the backward's limit: the dK/dV and dQ kernels' forms with
+    # host-made maps (attn_bwd_dkdv_sm90_maps, attn_bwd_dq_sm90_maps).
+    "backward-d64": (64, True, False, 0.0, "attn_bwd_dkdv_sm90_maps",
                      {"BLOCK_D": 64, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 1}),
-    "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90",
+    "backward-d64-deterministic": (64, True, True, 0.0, "attn_bwd_dkdv_sm90_maps",
                                    {"BLOCK_D": 64, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 0}),
     "backward-d96": (96, True, False, 0.0, "attn_bwd_dkdv_sm90",
                      {"BLOCK_D": 96, "SCORE_MOD": "plain", "ACCUMULATE_DQ": 0}),
     "backward-d128-softcap": (128, True, False, 30.0, "attn_bwd_dkdv_sm90",
                               {"BLOCK_D": 128, "SCORE_MOD": "softcap_alibi", "ACCUMULATE_DQ": 1}),
     "backward-d256": (256, True, False, 0.0, "attn_bwd_dkdv_sm90", {"BLOCK_D": 256, "SCORE_MOD": "plain"}),
-    "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90", {"BLOCK_D": 128, "SCORE_MOD": "plain"}),
+    "dq-d128": (128, True, False, 0.0, "attn_bwd_dq_sm90_maps", {"BLOCK_D": 128, "SCORE_MOD": "plain"}),
     # A bias read by TMA (SCORE_MOD bias_tma): its slots, the d bias staging tiles and dropout's mask
     # (the dK/dV's through a layout conversion in shared memory).
     "forward-d128-bias": (128, False, False, 0.0, "attn_fwd_sm90", {"BLOCK_D": 128, "SCORE_MOD": "bias_tma"}),

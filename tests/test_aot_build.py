@@ -727,50 +727,62 @@ def test_fp8_conversions_round_once_on_sm89(tmp_path):
 
 
 def test_host_made_maps_are_built_for_the_dense_calls_that_measured_faster():
-    # HOST_MAPS (Q, K, V and Out as host-made TMA maps): the looping Hopper forward's plain scores
-    # in the 64 and 128 buckets, 16-bit inputs, both dtypes; nothing else (configs.json says why).
+    # HOST_MAPS (the 16-bit tensors as host-made TMA maps): plain scores in the Hopper kernels'
+    # 64 and 128 buckets, both dtypes; the forward's looping kernel, the dK/dV kernel (with and
+    # without dQ accumulated where the bucket has both), the dQ kernel at d128; nothing else
+    # (configs.json says why).
     every = list(grid.expand(env={"FATTN_CUDA_ARCHS": "75;80;86;89;90", "FATTN_HEAD_DIMS": "all"}))
     maps = [v for v in every if v.constant_dict.get("HOST_MAPS")]
     assert {(v.arch, v.implementation, v.dtype, v.constant_dict["BLOCK_D"]) for v in maps} == {
-        (90, "attn_fwd_sm90", dtype, bucket) for dtype in ("fp16", "bf16") for bucket in (64, 128)}
-    assert all(v.constant_dict["SCORE_MOD"] == 0 and v.constant_dict["TILE_LOOP"] and not v.constant_dict["FP8"]
-               for v in maps)
+        (90, implementation, dtype, bucket) for dtype in ("fp16", "bf16")
+        for implementation, buckets in (("attn_fwd_sm90", (64, 128)), ("attn_bwd_dkdv_sm90", (64, 128)),
+                                        ("attn_bwd_dq_sm90", (128,)))
+        for bucket in buckets}
+    assert len(maps) == 2 * (2 + 3 + 1)  # per dtype: d64 dK/dV with and without dQ accumulated
+    assert all(v.constant_dict["SCORE_MOD"] == 0 and not v.constant_dict.get("FP8")
+               and v.constant_dict.get("TILE_LOOP", True) for v in maps)
     # Each has its twin with the kernel's own descriptors, the form every other call runs.
-    twins = {(v.dtype, v.constant_dict["BLOCK_D"]) for v in every if v.implementation == "attn_fwd_sm90"
-             and v.constant_dict["SCORE_MOD"] == 0 and not v.constant_dict["FP8"] and not v.constant_dict["HOST_MAPS"]}
-    assert {(v.dtype, v.constant_dict["BLOCK_D"]) for v in maps} <= twins
+    def without_maps(v):
+        return (v.implementation, v.dtype, tuple((n, c) for n, c in v.constants if n != "HOST_MAPS"))
+
+    twins = {without_maps(v) for v in every if v.implementation and not v.constant_dict.get("HOST_MAPS")}
+    assert {without_maps(v) for v in maps} <= twins
 
 
-@pytest.mark.parametrize("head_dim", ["64", "128"])
-def test_the_host_maps_forward_compiles_to_the_launchers_abi(tmp_path, head_dim):
-    # The HOST_MAPS variant: no descriptor made in the kernel (no tensormap.replace, no global
-    # scratch), every TMA copy 4-D over [batch, seqlen, heads, head_dim], the boxes recorded for the
-    # kernel table; its function named apart (profiles tell the forms apart). And the launch ABI:
-    # the PTX entry's parameters, in order, are what the generated launcher passes (each map the
-    # 128-byte CUtensorMap, its shape's four int32, its strides' four int64), then Triton's two
-    # scratch pointers; its twin with pointers, likewise.
+@pytest.mark.parametrize("kernel,head_dim", [("attn_fwd", "64"), ("attn_fwd", "128"), ("attn_bwd_dkdv", "64"),
+                                             ("attn_bwd_dkdv", "128"), ("attn_bwd_dq", "128")])
+def test_the_host_maps_variants_compile_to_the_launchers_abi(tmp_path, kernel, head_dim):
+    # A HOST_MAPS variant: no descriptor made in the kernel for its mapped tensors (no
+    # tensormap.replace, no global scratch; the d64 dK/dV with dQ accumulated still makes its
+    # float32 accumulator's), every TMA copy of them 4-D over [batch, seqlen, heads, head_dim], the
+    # boxes the spec's map_rows say recorded for the kernel table (split by Triton into 64-column
+    # boxes, a 128-byte swizzle's width); its function named apart (profiles tell the forms apart).
+    # And the launch ABI: the PTX entry's parameters, in order, are what the generated launcher
+    # passes (each map the 128-byte CUtensorMap, its shape's four int32, its strides' four int64),
+    # then Triton's two scratch pointers; its twin with pointers, likewise.
     from aot_build import emit, launchers
     from triton_src import KERNELS
 
-    spec = KERNELS["attn_fwd"]
+    spec = KERNELS[kernel]
     twins = {v.constant_dict["HOST_MAPS"]: v for v in grid.expand(env={"FATTN_CUDA_ARCHS": "90",
                                                                         "FATTN_HEAD_DIMS": head_dim})
-             if v.implementation == "attn_fwd_sm90" and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 0
-             and not v.constant_dict["FP8"]}
+             if v.kernel == kernel and v.implementation and v.dtype == "bf16" and v.constant_dict["SCORE_MOD"] == 0
+             and not v.constant_dict.get("FP8") and not v.constant_dict.get("ACCUMULATE_DQ")}
     maps, own = (compile_variant(twins[flag], shared_limit=232448, cache_dir=tmp_path) for flag in (True, False))
-    assert maps.meta["name"] == "attn_fwd_sm90_maps" and own.meta["name"] == "attn_fwd_sm90"
+    name = twins[True].implementation
+    assert maps.meta["name"] == f"{name}_maps" and own.meta["name"] == name
     assert "tensormap.replace" not in maps.ptx and maps.meta["global_scratch_size"] == 0
-    assert "cp.async.bulk.tensor.2d" not in maps.ptx and maps.ptx.count("cp.async.bulk.tensor.4d") >= 4
-    block_n, block_d = twins[True].constant_dict["BLOCK_N"], int(head_dim)
-    boxes = [[1, 64, 1, min(block_d, 64)], [1, block_n, 1, min(block_d, 64)], [1, block_n, 1, min(block_d, 64)],
-             [1, 64, 1, min(block_d, 64)]]
+    assert "cp.async.bulk.tensor.2d" not in maps.ptx and "cp.async.bulk.tensor.3d" not in maps.ptx
+    assert maps.ptx.count("cp.async.bulk.tensor.4d") >= len(spec.maps)
+    constants, block_d = twins[True].constant_dict, int(head_dim)
+    boxes = [[1, spec.map_box(p, constants)[1], 1, min(block_d, 64)] for p in spec.maps]
     assert [m["block_size"] for m in maps.meta["maps"]] == boxes and own.meta["maps"] == []
-    assert emit._map_box(maps.meta["maps"][0]) == f"{{{{1u, 64u, 1u, {min(block_d, 64)}u}}, 3, 9, 2}}"
+    assert emit._map_box(maps.meta["maps"][0]) == f"{{{{1u, {boxes[0][1]}u, 1u, {min(block_d, 64)}u}}, 3, 9, 2}}"
 
     def entry_params(ptx: str) -> list[str]:
         entry = ptx[ptx.index(".entry"):]
         entry = entry[entry.index("(") + 1:entry.index(")")]
-        return [" ".join(re.sub(r"attn_fwd_sm90(_maps)?_param_\d+", "", line).replace("[", " [").split()).rstrip(",")
+        return [" ".join(re.sub(rf"{name}(_maps)?_param_\d+", "", line).replace("[", " [").split()).rstrip(",")
                 for line in entry.splitlines() if ".param" in line]
 
     for artifact, as_maps in ((maps, True), (own, False)):

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import fattn
+from fattn._library import backward_host_maps_up_to_rows
 from fattn.reference import attention_reference
 from helpers import (
     check_gradients, check_loss_gradients, check_variant_gradients, hopper_variants, kernels_launched, launch_args,
@@ -39,6 +40,13 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_bwd_dkdv_sm90")]
 
 
+def _kernels(call) -> set[str]:
+    """The kernels `call` launched, the Hopper kernels' forms with host-made maps (*_maps: dense
+    calls up to backward_host_maps_up_to_rows() query rows; their own tests say which form runs)
+    under their kernels' names."""
+    return {name.removesuffix("_maps") for name in kernels_launched(call)}
+
+
 def _backward(q, k, v, p=0.0, **options):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = fattn.flash_attn_func(q, k, v, p, **options)
@@ -52,7 +60,7 @@ def _backward(q, k, v, p=0.0, **options):
 ], ids=["d128", "d128-causal", "d96-window", "d64", "d64-softcap", "d40-causal", "d256-causal", "d200-softcap"])
 def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
-    names = kernels_launched(lambda: _backward(q, k, v, **options))
+    names = _kernels(lambda: _backward(q, k, v, **options))
     assert "attn_bwd_dkdv_sm90" in names, names
 
 
@@ -83,7 +91,7 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     # does the wide-head form take it.
     options = dict(softcap=30.0, deterministic=True) if "softcap" in what else {}
     p = 0.1 if "dropout" in what else 0.0
-    names = kernels_launched(lambda: _backward(q, k, v, p, **options))
+    names = _kernels(lambda: _backward(q, k, v, p, **options))
     assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
 
 
@@ -110,7 +118,7 @@ def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     p = options.pop("p", 0.0)
     if options.pop("alibi", False):
         options["alibi_slopes"] = torch.rand(4, device="cuda") * 0.3
-    names = kernels_launched(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
+    names = _kernels(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
     dq_kernels = names & {"attn_bwd_dq", "attn_bwd_dq_sm90"}
     assert dq_kernels == (set() if served_by == "attn_bwd_dkdv_sm90" else {served_by}), names
 
@@ -224,7 +232,7 @@ def test_alibi_without_softcap_runs_its_own_variant(seqlen_q, seqlen_k, heads, k
     torch.manual_seed(seqlen_q + seqlen_k + heads + head_dim)
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     slopes = torch.rand(2, heads, device="cuda") * 0.3
-    names = kernels_launched(lambda: _backward(q, k, v, alibi_slopes=slopes, deterministic=True))
+    names = _kernels(lambda: _backward(q, k, v, alibi_slopes=slopes, deterministic=True))
     assert "attn_bwd_dkdv_sm90" in names and "attn_bwd_dkdv" not in names, names
     for options in (dict(causal=True), dict(), dict(window_size=(200, 50))):
         check_variant_gradients(q, k, v, f"alibi {options}", alibi_slopes=slopes, **options)
@@ -314,7 +322,7 @@ def test_a_bias_runs_the_hopper_backward(head_dim, what):
         return fn
 
     hopper = "bias rows unaligned" not in what and "softcap" not in what
-    names = kernels_launched(lambda: loss_gradients(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
+    names = _kernels(lambda: loss_gradients(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
                                                  torch.zeros(b, h, sq, device="cuda")))
     assert ("attn_bwd_dkdv_sm90" in names) == hopper, names
     assert ("attn_bwd_dkdv" in names) != hopper, names
@@ -325,3 +333,72 @@ def test_a_bias_runs_the_hopper_backward(head_dim, what):
     if what == "mask":  # rows with lse -inf: keep their weight out of the loss
         w_lse = w_lse * torch.isfinite(reference(torch.float64)(q.double(), k.double(), v.double())[1])
     check_loss_gradients(fattn_fn, reference, tensors, w_out, w_lse, dtype, what=f"{what} d{head_dim}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["d64 1000x1300", "d64 700x700 deterministic", "d120 1000x1300 causal",
+                                  "d128 333x2048 left-window", "d128 LIMITx300 causal"])
+def test_dense_calls_up_to_the_limit_take_host_made_maps(case, dtype):
+    # csrc/attention/backward_cuda.cpp: dense 16-bit calls with plain scores, up to the library's
+    # backward_host_maps_up_to_rows() query rows (LIMIT: that many), take Q, K, V and dO as maps
+    # the host made in the dK/dV kernel (attn_bwd_dkdv_sm90_maps), and with dQ in the Hopper dQ
+    # kernel (d128) Q, K, V, dO and dQ in it (attn_bwd_dq_sm90_maps). The maps clip rows and
+    # columns as the kernels' own descriptors do: the same call with dO as a view 8 bytes past a
+    # 16-byte boundary (no map takes it; the op copies it, and the kernels make their descriptors)
+    # must give the same dK and dV to the bit, and dQ too where no reductions in varying order
+    # make it (d64 accumulates dQ unless deterministic); and the gradients are right against
+    # float64 (through flash_attn_func, whose dO the maps take).
+    words = case.split()
+    d = int(words[0][1:])
+    sq, sk = (backward_host_maps_up_to_rows() if x == "LIMIT" else int(x) for x in words[1].split("x"))
+    deterministic, causal = "deterministic" in words, "causal" in words
+    window = (300, -1) if "left-window" in words else (-1, 0 if causal else -1)
+    torch.manual_seed(sq + sk + d)
+    q, k, v = make_qkv(2, sq, sk, 8, 2, d, dtype, "cuda")
+    out, lse = torch.ops.fattn.forward(q, k, v, causal=causal, window_left=window[0], window_right=window[1])
+    dout = torch.randn_like(out)
+    wide = torch.empty(*dout.shape[:-1], d + 4, dtype=dtype, device="cuda")
+    wide[..., 4:] = dout
+    unaligned = wide[..., 4:]
+    assert unaligned.data_ptr() % 16 == 8 and torch.equal(unaligned, dout)
+
+    def backward(g):
+        return torch.ops.fattn.backward(g, q, k, v, out, lse, None, None, causal, deterministic, window[0], window[1])
+
+    maps = kernels_launched(lambda: backward(dout))
+    own = kernels_launched(lambda: backward(unaligned))
+    hopper = {"attn_bwd_dkdv_sm90"} | ({"attn_bwd_dq_sm90"} if d > 64 else set())
+    with_maps = {f"{name}_maps" for name in hopper}
+    assert with_maps <= maps and not maps & hopper, maps
+    assert hopper <= own and not own & with_maps, own
+    dq, dk, dv, _ = backward(dout)
+    dq_own, dk_own, dv_own, _ = backward(unaligned)
+    assert torch.equal(dk, dk_own) and torch.equal(dv, dv_own), case
+    if deterministic or d > 64:
+        assert torch.equal(dq, dq_own), case
+    check_variant_gradients(q, k, v, case, causal=causal, deterministic=deterministic,
+                            **({"window_size": window} if "left-window" in words else {}))
+
+
+@pytest.mark.parametrize("case", ["a row past the limit", "packed", "softcap", "d96", "k broadcast"])
+def test_other_backward_calls_keep_the_kernels_own_descriptors(case):
+    # Past backward_host_maps_up_to_rows() query rows, packed sequences (a map does not stop at a
+    # sequence's end), score modifications and the 96 bucket (no HOST_MAPS variant) and tensors a
+    # map cannot take (a K that broadcasts over the KV heads: stride 0) run the Hopper kernels with
+    # their own descriptors.
+    n = backward_host_maps_up_to_rows() + 1 if case == "a row past the limit" else 700
+    d = 96 if case == "d96" else 128
+    torch.manual_seed(n + d)
+    q, k, v = make_qkv(1, n, 300 if case == "a row past the limit" else n, 4, 2, d, torch.bfloat16, "cuda")
+    if case == "packed":
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        q, k, v = (t[0].detach().requires_grad_() for t in (q, k, v))
+        names = kernels_launched(
+            lambda: fattn.flash_attn_varlen_func(q, k, v, cu, cu, n, n).backward(torch.ones(q.shape, device="cuda",
+                                                                                             dtype=q.dtype)))
+    elif case == "k broadcast":
+        k = k[:, :, :1].expand(-1, -1, 2, -1)
+        names = kernels_launched(lambda: _backward(q, k, v))
+    else:
+        names = kernels_launched(lambda: _backward(q, k, v, **({"softcap": 30.0} if case == "softcap" else {})))
+    assert "attn_bwd_dkdv_sm90" in names and not any(name.endswith("_maps") for name in names), (case, names)

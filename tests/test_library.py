@@ -130,9 +130,12 @@ def test_the_jit_launch_copy_of_the_programs_rule_matches_the_op():
 
 
 def test_host_maps_stop_where_they_measured_faster():
-    # The op's rule (csrc/attention/query_tile_programs.h), which the tuner and the GPU tests read
+    # The op's rule (csrc/attention/host_maps.h), which the tuner and the GPU tests read
     # through the library: host-made maps ran faster at 1k and 2k query rows and slower at d128 4k
     # (docs/notes/tuning.md T39, T40), so the limit lies between.
     from fattn import _library as library
 
     assert 2048 <= library.host_maps_up_to_rows() < 4096
+    # The backward's own limit, no shorter than the forward's: its programs loop over every query
+    # tile, so the setup the maps save weighs less per program, not more (tuning.md T41).
+    assert library.backward_host_maps_up_to_rows() >= library.host_maps_up_to_rows()

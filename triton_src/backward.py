@@ -162,6 +162,7 @@ def attn_bwd_dkdv(
     DQAccum, stride_dqab, stride_dqas, stride_dqah,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr, ACCUMULATE_DQ: tl.constexpr,
+    HOST_MAPS: tl.constexpr = False,
 ):
     """Grid (cdiv(seqlen_k, BLOCK_N), kv_heads, batch). Bias and dropout as in attn_fwd; with
     write_dbias != 0, dS (the bias's gradient, unreduced) goes to DBias, float32 [batch, heads,
@@ -175,7 +176,10 @@ def attn_bwd_dkdv(
     (softcap_log2 0), whose code leaves the softcap out; BIAS_TMA is BIAS_DROPOUT without a softcap
     for a bias whose rows TMA can read (attn_fwd says when) and, with write_dbias, seqlen_k a multiple of 4 (DBias's rows then
     16-byte multiples too). Only the Hopper implementation (backward_sm90.py) has these:
-    configs.json builds no such variant of this kernel."""
+    configs.json builds no such variant of this kernel. HOST_MAPS, the Hopper implementation's
+    alone (here always false): Q, K, V and dO come as TMA maps the host made over the dense
+    [batch, seqlen, heads, head_dim] tensors (their strides then unused), not as pointers."""
+    tl.static_assert(not HOST_MAPS, "attn_bwd_dkdv takes its tensors as pointers")
     tl.static_assert(not ACCUMULATE_DQ, "attn_bwd_dkdv has no dQ accumulation (configs.json builds none)")
     tl.static_assert(SCORE_MOD != ALIBI_ONLY and SCORE_MOD != BIAS_TMA,
                      "attn_bwd_dkdv has no ALiBi-only or TMA-bias variant (configs.json builds none)")
@@ -297,11 +301,14 @@ def attn_bwd_dq(
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE_MOD: tl.constexpr, PAD_D: tl.constexpr,
+    HOST_MAPS: tl.constexpr = False,
 ):
     """Grid (cdiv(seqlen_q, BLOCK_M), heads, batch). Bias, dropout and segment ids (SegmentSpans
     per query tile of BLOCK_M) as in attn_fwd. ALIBI_ONLY (ALiBi without a softcap, its code left
     out) and BIAS_TMA (attn_bwd_dkdv's: a bias read by TMA) exist in the Hopper implementation
-    (backward_dq_sm90.py) alone."""
+    (backward_dq_sm90.py) alone, as does HOST_MAPS (here always false): Q, K, V, dO and dQ as TMA
+    maps the host made over the dense tensors."""
+    tl.static_assert(not HOST_MAPS, "attn_bwd_dq takes its tensors as pointers")
     tl.static_assert(SCORE_MOD != ALIBI_ONLY and SCORE_MOD != BIAS_TMA,
                      "attn_bwd_dq has no ALiBi-only or TMA-bias variant (configs.json builds none)")
     pid_m = tl.program_id(0)
@@ -360,16 +367,22 @@ ATTN_BWD_PREPROCESS = KernelSpec(attn_bwd_preprocess, [
     *strides("lse", "bh", aligned=False), index_tensor("CuSeqlensQ"), i32("use_cu_seqlens"),
     i32("seqlen_q"), i32("head_dim", multiple_of=8),
 ])
+# Q, K, V and dO may be maps (HOST_MAPS): boxes of the Hopper kernels' tiles, a query tile of
+# one head (BLOCK_M rows) and a consumer's half of the key tile (BLOCK_N / 2 keys).
 ATTN_BWD_DKDV = KernelSpec(attn_bwd_dkdv, [
-    tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"),
+    tensor("Q", map_rows="BLOCK_M"), tensor("K", map_rows="BLOCK_N/2"), tensor("V", map_rows="BLOCK_N/2"),
+    tensor("DO", map_rows="BLOCK_M"), f32_tensor("Lse"), f32_tensor("Delta"),
     tensor("DK"), tensor("DV"),
     *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dk"), *strides("dv"),
     *strides("lse", "bh", aligned=False), *_SHARED,
     Param("DBias", "*fp32"), *strides("dbias", "bhq", aligned=False), i32("write_dbias"),
     f32_tensor("DQAccum"), *strides("dqa"),
 ])
+# Q, dO and dQ may be maps of a consumer's half of the query tile (BLOCK_M / 2 rows), K and V of
+# the key tile (BLOCK_N keys).
 ATTN_BWD_DQ = KernelSpec(attn_bwd_dq, [
-    tensor("Q"), tensor("K"), tensor("V"), tensor("DO"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ"),
+    tensor("Q", map_rows="BLOCK_M/2"), tensor("K", map_rows="BLOCK_N"), tensor("V", map_rows="BLOCK_N"),
+    tensor("DO", map_rows="BLOCK_M/2"), f32_tensor("Lse"), f32_tensor("Delta"), tensor("DQ", map_rows="BLOCK_M/2"),
     *strides("q"), *strides("k"), *strides("v"), *strides("do"), *strides("dq"), *strides("lse", "bh", aligned=False),
     *_SHARED,
 ])

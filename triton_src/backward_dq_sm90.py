@@ -31,6 +31,7 @@ from .bias_sm90 import add_bias, bias_tma_args, invalidate_bias_slots, load_bias
 from .dropout_sm90 import dropout_keep
 from .forward_sm90 import _invalidate_ring, _key_tiles, _key_value_ring, _load_key_tile, _tile_start, head_alibi_log2
 from .masks import key_visible, segment_ids
+from .row_tiles import load_rows, store_rows
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
 from .spec import KernelSpec
@@ -39,23 +40,20 @@ from .variants import ALIBI_ONLY, BIAS_DROPOUT, BIAS_TMA, PLAIN, SOFTCAP_ALIBI
 
 
 @gluon.jit
-def _load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty,
+def _load(q_src, do_src, k_src, v_src, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty,
           v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, bias_load,
           HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The producer warp: both halves of Q and dO (one barrier per half), then each visited
     tile's K and V into the ring, and with BIAS_TMA (bias_load not empty) its bias rows of
-    each half (bias_sm90.load_bias)."""
+    each half (bias_sm90.load_bias). The *_src are row_tiles.py's sources."""
     if n_tiles > 0:
         for half in gl.static_range(2):
-            mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [start_m + half * HALF_M, 0], q_ready.index(half),
-                                            q_smem.index(half))
-            tma.async_copy_global_to_shared(do_desc, [start_m + half * HALF_M, 0], q_ready.index(half),
-                                            do_smem.index(half))
+            mbarrier.expect(q_ready.index(half), q_src[0].block_type.nbytes + do_src[0].block_type.nbytes)
+            load_rows(q_src, start_m + half * HALF_M, q_ready.index(half), q_smem.index(half))
+            load_rows(do_src, start_m + half * HALF_M, q_ready.index(half), do_smem.index(half))
     for i in range(n_tiles):
         start_n = _tile_start(i, lo, full_lo, full_hi, n_full, BLOCK_N)
-        # forward_sm90's producer step, whose sources are row_tiles.py's: a descriptor in a 1-tuple.
-        _load_key_tile((k_desc,), (v_desc,), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, start_n, STAGES)
+        _load_key_tile(k_src, v_src, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, i, start_n, STAGES)
         if len(bias_load) > 0:
             load_bias(bias_load, i, start_m, start_n, 2, HALF_M)
 
@@ -99,7 +97,7 @@ def _score_gradient(s, dp, j, start_n, rows, offs_n, lse, delta, n_full, seqlen_
 
 
 @gluon.jit
-def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
+def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_src,
               Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi, n_full,
               n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2, alibi_log2,
               alibi_offset, softmax_scale, mods,
@@ -178,11 +176,17 @@ def _gradient(q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
     if row0 < seqlen_q:
         q_tile.store((dq * softmax_scale).to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dq_desc, [row0, 0], q_tile)
+        store_rows(dq_src, row0, q_tile)
         tma.store_wait(0)
 
 
-@gluon.jit
+def _kernel_name(specialization) -> str:
+    """The compiled function's name: attn_bwd_dq_sm90_maps for the HOST_MAPS variants (a profile
+    tells the forms apart)."""
+    return "attn_bwd_dq_sm90_maps" if specialization.constants.get("HOST_MAPS") else "attn_bwd_dq_sm90"
+
+
+@gluon.jit(repr=_kernel_name)
 def attn_bwd_dq_sm90(
     Q, K, V, DO, Lse, Delta, DQ,
     stride_qb, stride_qs, stride_qh,
@@ -198,16 +202,19 @@ def attn_bwd_dq_sm90(
     Bias, stride_biasb, stride_biash, stride_biasq, use_bias, DropoutSeed, dropout_threshold, dropout_scale,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr,
+    HOST_MAPS: gl.constexpr = False,
 ):
     """attn_bwd_dq's contract (see its docstring) for SCORE_MOD PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY and
     BIAS_TMA (a bias read by TMA, dropout, ALiBi). Launched with 4 warps (the first consumer warpgroup); warp_specialize
-    adds the second consumer and the producer warp."""
+    adds the second consumer and the producer warp. HOST_MAPS: Q, K, V, dO and dQ are TMA maps the
+    host made over the dense tensors (row_tiles.py), so the program makes no descriptor."""
     gl.static_assert(SCORE_MOD != BIAS_DROPOUT, "attn_bwd_dq_sm90 reads a bias by TMA alone (bias_tma)")
+    gl.static_assert(not HOST_MAPS or SCORE_MOD != BIAS_TMA, "host-made maps: no bias")
     # K(j-1) is held through iteration j, so a third slot keeps K(j+1) loading; four, because
     # the slot and phase arithmetic then needs no division by three (1.01-1.04x, docs/notes/tuning.md T19).
     STAGES: gl.constexpr = 4
     HALF_M: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = Q.dtype.element_ty
+    dtype: gl.constexpr = Q.dtype if HOST_MAPS else Q.dtype.element_ty
     gl.static_assert(HALF_M == 64, "two consumer warpgroups of 64 query rows")
 
     head = gl.program_id(1)
@@ -225,18 +232,30 @@ def attn_bwd_dq_sm90(
 
     swizzle: gl.constexpr = 128 if BLOCK_D * 2 >= 128 else BLOCK_D * 2
     tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
-    q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
-    do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + head.to(gl.int64) * stride_doh
-    dq_base = DQ + batch * stride_dqb + q_start.to(gl.int64) * stride_dqs + head.to(gl.int64) * stride_dqh
-    k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
-    v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
-    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [HALF_M, BLOCK_D], tile_layout)
-    do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, head_dim], [stride_dos, 1], [HALF_M, BLOCK_D],
-                                         tile_layout)
-    dq_desc = tma.make_tensor_descriptor(dq_base, [seqlen_q, head_dim], [stride_dqs, 1], [HALF_M, BLOCK_D],
-                                         tile_layout)
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D], tile_layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D], tile_layout)
+    # Each tensor's rows as row_tiles.py's sources: the host's maps at this (batch, head), or
+    # descriptors made here over this (sequence, head).
+    if HOST_MAPS:
+        q_src = (Q, batch.to(gl.int32), head)
+        do_src = (DO, batch.to(gl.int32), head)
+        dq_src = (DQ, batch.to(gl.int32), head)
+        k_src = (K, batch.to(gl.int32), kv_head)
+        v_src = (V, batch.to(gl.int32), kv_head)
+    else:
+        q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + head.to(gl.int64) * stride_qh
+        do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + head.to(gl.int64) * stride_doh
+        dq_base = DQ + batch * stride_dqb + q_start.to(gl.int64) * stride_dqs + head.to(gl.int64) * stride_dqh
+        k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
+        v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
+        q_src = (tma.make_tensor_descriptor(q_base, [seqlen_q, head_dim], [stride_qs, 1], [HALF_M, BLOCK_D],
+                                            tile_layout),)
+        do_src = (tma.make_tensor_descriptor(do_base, [seqlen_q, head_dim], [stride_dos, 1], [HALF_M, BLOCK_D],
+                                             tile_layout),)
+        dq_src = (tma.make_tensor_descriptor(dq_base, [seqlen_q, head_dim], [stride_dqs, 1], [HALF_M, BLOCK_D],
+                                             tile_layout),)
+        k_src = (tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [BLOCK_N, BLOCK_D],
+                                            tile_layout),)
+        v_src = (tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [BLOCK_N, BLOCK_D],
+                                            tile_layout),)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
     do_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, BLOCK_D], tile_layout)
@@ -261,17 +280,17 @@ def attn_bwd_dq_sm90(
             batch, head, seqlen_q, seqlen_k, dtype, 2, HALF_M, BLOCK_N)
 
     gl.warp_specialize([
-        (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
+        (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_src,
                      Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi,
                      n_full, n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2,
                      alibi_log2, alibi_offset, softmax_scale, mods_0, 0, HALF_M, BLOCK_N, BLOCK_D, STAGES,
                      SCORE_MOD)),
-        (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_desc,
+        (_gradient, (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turn, dq_src,
                      Lse, Delta, row_base, q_seg_base, kv_seg_base, use_segments, start_m, lo, full_lo, full_hi,
                      n_full, n_tiles, seqlen_q, seqlen_k, window_left, window_right, qk_scale, softcap_log2,
                      alibi_log2, alibi_offset, softmax_scale, mods_1, 1, HALF_M, BLOCK_N, BLOCK_D, STAGES,
                      SCORE_MOD)),
-        (_load, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
+        (_load, (q_src, do_src, k_src, v_src, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                  k_empty, v_empty, start_m, lo, full_lo, full_hi, n_full, n_tiles, bias_load, HALF_M, BLOCK_N,
                  STAGES)),
     ], [4, 1], [240, 24])

@@ -54,6 +54,7 @@ from .backward import ATTN_BWD_DKDV
 from .constants import LOG2E
 from .dropout_sm90 import dropout_keep
 from .masks import key_visible, segment_ids, segment_span, visible_query_range
+from .row_tiles import load_group_rows, load_rows
 from .score_mods import alibi_scores, modified_scores
 from .softmax import lse_log2
 from .spec import KernelSpec
@@ -110,30 +111,31 @@ def _group_tile(t, g, i, n_tiles, CARRIED: gl.constexpr):
 
 
 @gluon.jit
-def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+def _load(k_src, v_src, q_src, do_src, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
           kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-          lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1, q_smem1,
+          lo, full_lo, full_hi, n_full, n_tiles, k_src1, v_src1, q_src1, do_src1, k_smem1, v_smem1, q_smem1,
           do_smem1, bias_load, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
           CARRIED: gl.constexpr, D1: gl.constexpr):
     """The producer warp: both halves of K and V, then every head's visited Q, dO, lse and delta
     tiles. A slot's `ready` barrier takes two arrivals: the TMA transaction's and this warp's
     after it stored lse and delta; a fresh `empty` barrier passes a wait on parity 1. With D1 > 0
-    every tile also has its second head-dim piece (the *1 descriptors and buffers), loaded on the
+    every tile also has its second head-dim piece (the *1 sources and buffers), loaded on the
     same barriers, and with BIAS_TMA (bias_load not empty, a bias) the tile's bias rows for
-    both halves of the keys (_load_bias_rows)."""
+    both halves of the keys (_load_bias_rows). The *_src are row_tiles.py's sources; Q's and dO's
+    cover the GQA group's heads."""
     row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     if n_tiles > 0:
-        kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+        kv_bytes: gl.constexpr = k_src[0].block_type.nbytes + v_src[0].block_type.nbytes
         if D1 > 0:
-            mbarrier.expect(kv_ready, 2 * (kv_bytes + k_desc1.block_type.nbytes + v_desc1.block_type.nbytes))
+            mbarrier.expect(kv_ready, 2 * (kv_bytes + k_src1[0].block_type.nbytes + v_src1[0].block_type.nbytes))
         else:
             mbarrier.expect(kv_ready, 2 * kv_bytes)
         for half in gl.static_range(2):
-            tma.async_copy_global_to_shared(k_desc, [start_n + half * HALF_N, 0], kv_ready, k_smem.index(half))
-            tma.async_copy_global_to_shared(v_desc, [start_n + half * HALF_N, 0], kv_ready, v_smem.index(half))
+            load_rows(k_src, start_n + half * HALF_N, kv_ready, k_smem.index(half))
+            load_rows(v_src, start_n + half * HALF_N, kv_ready, v_smem.index(half))
             if D1 > 0:
-                tma.async_copy_global_to_shared(k_desc1, [start_n + half * HALF_N, 0], kv_ready, k_smem1.index(half))
-                tma.async_copy_global_to_shared(v_desc1, [start_n + half * HALF_N, 0], kv_ready, v_smem1.index(half))
+                load_rows(k_src1, start_n + half * HALF_N, kv_ready, k_smem1.index(half))
+                load_rows(v_src1, start_n + half * HALF_N, kv_ready, v_smem1.index(half))
     offs_m = gl.arange(0, BLOCK_M, layout=row_layout)
     g = n_tiles * 0
     i = g - 1
@@ -146,17 +148,17 @@ def _load(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_
         lse = lse_log2(Lse + head_base, rows, seqlen_q)
         delta = gl.load(Delta + head_base + rows, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
-        QDO_BYTES: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
-        QDO1_BYTES: gl.constexpr = q_desc1.block_type.nbytes + do_desc1.block_type.nbytes if D1 > 0 else 0
+        QDO_BYTES: gl.constexpr = q_src[0].block_type.nbytes + do_src[0].block_type.nbytes
+        QDO1_BYTES: gl.constexpr = q_src1[0].block_type.nbytes + do_src1[0].block_type.nbytes if D1 > 0 else 0
         if len(bias_load) > 0:
             _load_bias_rows(bias_load, ready.index(stage), stage, start_m, g, start_n, QDO_BYTES + QDO1_BYTES)
         else:
             mbarrier.expect(ready.index(stage), QDO_BYTES + QDO1_BYTES)
         if D1 > 0:
-            tma.async_copy_global_to_shared(q_desc1, [start_m, g, 0], ready.index(stage), q_smem1.index(stage))
-            tma.async_copy_global_to_shared(do_desc1, [start_m, g, 0], ready.index(stage), do_smem1.index(stage))
-        tma.async_copy_global_to_shared(q_desc, [start_m, g, 0], ready.index(stage), q_smem.index(stage))
-        tma.async_copy_global_to_shared(do_desc, [start_m, g, 0], ready.index(stage), do_smem.index(stage))
+            load_group_rows(q_src1, start_m, g, ready.index(stage), q_smem1.index(stage))
+            load_group_rows(do_src1, start_m, g, ready.index(stage), do_smem1.index(stage))
+        load_group_rows(q_src, start_m, g, ready.index(stage), q_smem.index(stage))
+        load_group_rows(do_src, start_m, g, ready.index(stage), do_smem.index(stage))
         lse_smem.index(stage).store(lse)
         delta_smem.index(stage).store(delta)
         mbarrier.arrive(ready.index(stage), count=1)
@@ -522,7 +524,13 @@ def _accumulate_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
                 BLOCK_N, HALF_D)
 
 
-@gluon.jit
+def _kernel_name(specialization) -> str:
+    """The compiled function's name: attn_bwd_dkdv_sm90_maps for the HOST_MAPS variants (a
+    profile tells the forms apart)."""
+    return "attn_bwd_dkdv_sm90_maps" if specialization.constants.get("HOST_MAPS") else "attn_bwd_dkdv_sm90"
+
+
+@gluon.jit(repr=_kernel_name)
 def attn_bwd_dkdv_sm90(
     Q, K, V, DO, Lse, Delta, DK, DV,
     stride_qb, stride_qs, stride_qh,
@@ -541,6 +549,7 @@ def attn_bwd_dkdv_sm90(
     DQAccum, stride_dqab, stride_dqas, stride_dqah,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
     SCORE_MOD: gl.constexpr, PAD_D: gl.constexpr, ACCUMULATE_DQ: gl.constexpr,
+    HOST_MAPS: gl.constexpr = False,
 ):
     """attn_bwd_dkdv's contract (see its docstring) for SCORE_MOD PLAIN, SOFTCAP_ALIBI, ALIBI_ONLY and
     BIAS_TMA (a bias read by TMA, d bias, dropout). BLOCK_N 128: two consumer warpgroups of 64 keys (_accumulate, up to
@@ -548,8 +557,10 @@ def attn_bwd_dkdv_sm90(
     head dim (_accumulate_wide). ACCUMULATE_DQ (up to
     d128): each warpgroup also adds a part of each query tile's dQ to DQAccum by bulk TMA
     reductions (_reduce_dq): its keys' part over all the columns in the first form, half of the
-    columns over all the keys in the wide one. Launched with 4 warps, warp_specialize adds the
-    rest."""
+    columns over all the keys in the wide one. HOST_MAPS (the two-warpgroup form, a power-of-two
+    bucket, no bias): Q, K, V and dO are TMA maps the host made over the dense tensors
+    (row_tiles.py), so the program makes no descriptor for them. Launched with 4 warps,
+    warp_specialize adds the rest."""
     WIDE: gl.constexpr = BLOCK_N == 64
     # Q/dO slots. A slot is free once both warpgroups have read it; with dQ accumulated by
     # _accumulate_dq they never wait for each other, and four slots let one run ahead of the
@@ -564,7 +575,7 @@ def attn_bwd_dkdv_sm90(
     # variant spills 24 bytes more with it: only where measured faster.
     CARRIED: gl.constexpr = BLOCK_D >= 128 and not ACCUMULATE_DQ and SCORE_MOD == PLAIN
     HALF_N: gl.constexpr = BLOCK_N // 2
-    dtype: gl.constexpr = Q.dtype.element_ty
+    dtype: gl.constexpr = Q.dtype if HOST_MAPS else Q.dtype.element_ty
     # A bucket that is not a power of two (96) is two pieces of the head dim, each a power of two
     # as tensor shapes must be: D0 = 64 columns, then D1 = 32, each with its own descriptors and
     # tiles (forward_sm90.py's split), so the products cost 96 columns instead of 128.
@@ -579,6 +590,8 @@ def attn_bwd_dkdv_sm90(
     if WIDE or ACCUMULATE_DQ:
         gl.static_assert(D1 == 0, "the head dim in two pieces: the two-warpgroup form without dQ accumulation")
     gl.static_assert(SCORE_MOD != BIAS_DROPOUT, "attn_bwd_dkdv_sm90 reads a bias by TMA alone (bias_tma)")
+    gl.static_assert(not HOST_MAPS or (not WIDE and D1 == 0 and SCORE_MOD != BIAS_TMA),
+                     "host-made maps: the two-warpgroup form, a power-of-two bucket, no bias")
     if SCORE_MOD == BIAS_TMA:
         gl.static_assert(not WIDE and not ACCUMULATE_DQ and BLOCK_M == 64,
                          "a bias in the two-warpgroup form without dQ accumulation, 64-row query tiles")
@@ -595,20 +608,30 @@ def attn_bwd_dkdv_sm90(
     row3_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=3)
     vector_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     first_head = kv_head.to(gl.int64) * kv_group_size
-    k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
-    v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
-    q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + first_head * stride_qh
-    do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + first_head * stride_doh
     # The wide form's dQ product reads K by half-width column slices, each of which must start a
     # swizzle pattern: below d128 that takes a narrower swizzle.
     k_swizzle: gl.constexpr = BLOCK_D if ACCUMULATE_DQ and WIDE and BLOCK_D < swizzle else swizzle
     k_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=k_swizzle, element_bitwidth=16, rank=2)
-    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, D0], k_layout)
-    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, D0], tile_layout)
-    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim], [stride_qs, stride_qh, 1],
-                                        [BLOCK_M, 1, D0], row3_layout)
-    do_desc = tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim], [stride_dos, stride_doh, 1],
-                                         [BLOCK_M, 1, D0], row3_layout)
+    # Each tensor's rows as row_tiles.py's sources: the host's maps at this batch and KV head (Q's
+    # and dO's at the group's first head), or descriptors made here over this sequence's rows
+    # (Q's and dO's over the group's heads).
+    if HOST_MAPS:
+        k_src = (K, batch.to(gl.int32), kv_head)
+        v_src = (V, batch.to(gl.int32), kv_head)
+        q_src = (Q, batch.to(gl.int32), first_head.to(gl.int32))
+        do_src = (DO, batch.to(gl.int32), first_head.to(gl.int32))
+    else:
+        k_base = K + batch * stride_kb + k_start.to(gl.int64) * stride_ks + kv_head.to(gl.int64) * stride_kh
+        v_base = V + batch * stride_vb + k_start.to(gl.int64) * stride_vs + kv_head.to(gl.int64) * stride_vh
+        q_base = Q + batch * stride_qb + q_start.to(gl.int64) * stride_qs + first_head * stride_qh
+        do_base = DO + batch * stride_dob + q_start.to(gl.int64) * stride_dos + first_head * stride_doh
+        k_src = (tma.make_tensor_descriptor(k_base, [seqlen_k, head_dim], [stride_ks, 1], [HALF_N, D0], k_layout),)
+        v_src = (tma.make_tensor_descriptor(v_base, [seqlen_k, head_dim], [stride_vs, 1], [HALF_N, D0],
+                                            tile_layout),)
+        q_src = (tma.make_tensor_descriptor(q_base, [seqlen_q, kv_group_size, head_dim],
+                                            [stride_qs, stride_qh, 1], [BLOCK_M, 1, D0], row3_layout),)
+        do_src = (tma.make_tensor_descriptor(do_base, [seqlen_q, kv_group_size, head_dim],
+                                             [stride_dos, stride_doh, 1], [BLOCK_M, 1, D0], row3_layout),)
 
     k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, D0], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, D0], tile_layout)
@@ -616,19 +639,19 @@ def attn_bwd_dkdv_sm90(
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, D0], row3_layout)
     # The second piece: columns D0 and up (head_dim - D0 of them; TMA zero-fills the rest of D1
     # and the stores are masked). Without one, its arguments repeat the first piece's, unused.
-    k_desc1, v_desc1, q_desc1, do_desc1 = k_desc, v_desc, q_desc, do_desc
+    k_src1, v_src1, q_src1, do_src1 = k_src, v_src, q_src, do_src
     k_smem1, v_smem1, q_smem1, do_smem1 = k_smem, v_smem, q_smem, do_smem
     if D1 > 0:
         swizzle1: gl.constexpr = 128 if D1 * 2 >= 128 else D1 * 2
         layout1: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle1, element_bitwidth=16, rank=2)
         row3_layout1: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=swizzle1, element_bitwidth=16, rank=3)
         rest = head_dim - D0
-        k_desc1 = tma.make_tensor_descriptor(k_base + D0, [seqlen_k, rest], [stride_ks, 1], [HALF_N, D1], layout1)
-        v_desc1 = tma.make_tensor_descriptor(v_base + D0, [seqlen_k, rest], [stride_vs, 1], [HALF_N, D1], layout1)
-        q_desc1 = tma.make_tensor_descriptor(q_base + D0, [seqlen_q, kv_group_size, rest], [stride_qs, stride_qh, 1],
-                                             [BLOCK_M, 1, D1], row3_layout1)
-        do_desc1 = tma.make_tensor_descriptor(do_base + D0, [seqlen_q, kv_group_size, rest],
-                                              [stride_dos, stride_doh, 1], [BLOCK_M, 1, D1], row3_layout1)
+        k_src1 = (tma.make_tensor_descriptor(k_base + D0, [seqlen_k, rest], [stride_ks, 1], [HALF_N, D1], layout1),)
+        v_src1 = (tma.make_tensor_descriptor(v_base + D0, [seqlen_k, rest], [stride_vs, 1], [HALF_N, D1], layout1),)
+        q_src1 = (tma.make_tensor_descriptor(q_base + D0, [seqlen_q, kv_group_size, rest],
+                                             [stride_qs, stride_qh, 1], [BLOCK_M, 1, D1], row3_layout1),)
+        do_src1 = (tma.make_tensor_descriptor(do_base + D0, [seqlen_q, kv_group_size, rest],
+                                              [stride_dos, stride_doh, 1], [BLOCK_M, 1, D1], row3_layout1),)
         k_smem1 = gl.allocate_shared_memory(dtype, [2, HALF_N, D1], layout1)
         v_smem1 = gl.allocate_shared_memory(dtype, [2, HALF_N, D1], layout1)
         q_smem1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, D1], row3_layout1)
@@ -718,9 +741,9 @@ def attn_bwd_dkdv_sm90(
                                 full_lo, full_hi, n_full, n_tiles, window_left, window_right, qk_scale, softcap_log2,
                                 softmax_scale, dqa_desc, dq_smem1, 1, HALF_N, BLOCK_M, BLOCK_D, STAGES, SCORE_MOD,
                                 ACCUMULATE_DQ, CARRIED)),
-            (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+            (_load, (k_src, v_src, q_src, do_src, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                     lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1,
+                     lo, full_lo, full_hi, n_full, n_tiles, k_src1, v_src1, q_src1, do_src1, k_smem1, v_smem1,
                      q_smem1, do_smem1, bias_load, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
         ], [4, PRODUCER_WARPS], [240, 24])
         for b in gl.static_range(2):
@@ -749,9 +772,9 @@ def attn_bwd_dkdv_sm90(
                            window_left, window_right, qk_scale, softcap_log2, softmax_scale,
                            ds_smem, ds_ready, dqa_desc, dq_smem1, k_smem1, v_smem1, q_smem1, do_smem1, mods_1,
                            1, HALF_N, BLOCK_M, D0, STAGES, SCORE_MOD, ACCUMULATE_DQ, CARRIED, D1)),
-            (_load, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+            (_load, (k_src, v_src, q_src, do_src, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                      kv_ready, ready, empty, Lse, Delta, row_base, stride_lseh, start_n, seqlen_q, kv_group_size,
-                     lo, full_lo, full_hi, n_full, n_tiles, k_desc1, v_desc1, q_desc1, do_desc1, k_smem1, v_smem1,
+                     lo, full_lo, full_hi, n_full, n_tiles, k_src1, v_src1, q_src1, do_src1, k_smem1, v_smem1,
                      q_smem1, do_smem1, bias_load, HALF_N, BLOCK_M, STAGES, CARRIED, D1)),
         ], [4, PRODUCER_WARPS], [240, 24])
 

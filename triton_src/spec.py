@@ -37,8 +37,8 @@ class Param:
     divisible_by: int | None = None
     # A tensor [batch, seqlen, heads, head_dim] that variants with the kernel family's HOST_MAPS
     # flag take as a TMA map the host made over the whole tensor, whose box is map_rows rows (a
-    # number, or the name of the constexpr that holds it) by BLOCK_D columns; None: a pointer in
-    # every variant.
+    # number, the name of the constexpr that holds it, or that name and a divisor: "BLOCK_N/2")
+    # by BLOCK_D columns; None: a pointer in every variant.
     map_rows: int | str | None = None
 
     def __post_init__(self):
@@ -177,7 +177,10 @@ class KernelSpec:
 
     def map_box(self, param: Param, constants: dict) -> list[int]:
         """The box of `param`'s map in a variant: [1, rows, 1, BLOCK_D] over [batch, seqlen, heads, head_dim]."""
-        rows = param.map_rows if isinstance(param.map_rows, int) else int(constants[param.map_rows])
+        rows = param.map_rows
+        if isinstance(rows, str):
+            name, _, divisor = rows.partition("/")
+            rows = int(constants[name]) // int(divisor or 1)
         return [1, rows, 1, int(constants["BLOCK_D"])]
 
     def triton_signature(self, dtype: str, constants: dict | None = None) -> tuple[dict, dict]:

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/attention_impl.h"
+#include "attention/host_maps.h"
 #include "attention/kernel_args.h"
 #include "attention/kernel_layout.h"
 #include "attention/segment_spans.h"
@@ -44,23 +45,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   // The variant built for this call's score modifiers where the build has it (the Hopper kernels';
   // attention_variant.h), else the general one; neither narrower dK/dV variant has a dQ part at d128.
   const ScoreModChoice mods = backward_score_mods(variant, bias_grad, s.seqlen_k);
-  const auto dkdv = choose_first<attn_bwd_dkdv>(op, device, dtype, s.head_dim,
-                                                {{.SCORE_MOD = mods.best, .ACCUMULATE_DQ = !deterministic},
-                                                 {.SCORE_MOD = mods.best, .ACCUMULATE_DQ = false},
-                                                 {.SCORE_MOD = mods.general, .ACCUMULATE_DQ = !deterministic},
-                                                 {.SCORE_MOD = mods.general, .ACCUMULATE_DQ = false}});
-  const bool dq_in_dkdv = dkdv.constant(attn_bwd_dkdv::ACCUMULATE_DQ) != 0;
-  const auto dqk = choose_or<attn_bwd_dq>(op, device, dtype, s.head_dim, {.SCORE_MOD = mods.best},
-                                          {.SCORE_MOD = mods.general});
-  const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),
-                               dim(s.batch)};
-  const runtime::Grid dkdv_grid{ceil_div(s.seqlen_k, dkdv.constant(attn_bwd_dkdv::BLOCK_N)), dim(s.kv_heads),
-                                dim(s.batch)};
-  const runtime::Grid dq_grid{ceil_div(s.seqlen_q, dqk.constant(attn_bwd_dq::BLOCK_M)), dim(s.heads), dim(s.batch)};
-  check_grid(op, pre_grid, "query tiles", "heads", "batch");
-  check_grid(op, dq_grid, "query tiles", "heads", "batch");
-  check_grid(op, dkdv_grid, "key tiles", "kv heads", "batch");
-
   const bool packed = cu_seqlens_q.has_value();
   const bool empty = s.batch == 0 || s.seqlen_q == 0 || s.seqlen_k == 0 || q.numel() == 0 || k.numel() == 0;
   // The kernels write every element of a dense problem (0 for keys no query sees); packed
@@ -71,6 +55,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   Tensor dq = make(q, sizes_of(q), none, none, none, none);
   Tensor dk = make(q, sizes_of(k), none, none, none, none);
   Tensor dv = make(q, sizes_of(v), none, none, none, none);
+  // Host-made maps of the tensors as given (aligned_for_kernel keeps any tensor a map fits), for
+  // the plain dense calls the HOST_MAPS variants serve; the variants without them follow.
+  const bool host_maps = wants_host_maps(s.seqlen_q, kBackwardHostMapsUpToRows, packed, false,
+                                         seqused_k.has_value(), {&q, &k, &v, &dout, &dq});
+  const auto dkdv = choose_first<attn_bwd_dkdv>(
+      op, device, dtype, s.head_dim,
+      {{.SCORE_MOD = mods.best, .ACCUMULATE_DQ = !deterministic, .HOST_MAPS = host_maps},
+       {.SCORE_MOD = mods.best, .ACCUMULATE_DQ = !deterministic, .HOST_MAPS = false},
+       {.SCORE_MOD = mods.best, .ACCUMULATE_DQ = false, .HOST_MAPS = host_maps},
+       {.SCORE_MOD = mods.best, .ACCUMULATE_DQ = false, .HOST_MAPS = false},
+       {.SCORE_MOD = mods.general, .ACCUMULATE_DQ = !deterministic, .HOST_MAPS = false},
+       {.SCORE_MOD = mods.general, .ACCUMULATE_DQ = false, .HOST_MAPS = false}});
+  const bool dq_in_dkdv = dkdv.constant(attn_bwd_dkdv::ACCUMULATE_DQ) != 0;
+  const auto dqk = choose_first<attn_bwd_dq>(op, device, dtype, s.head_dim,
+                                             {{.SCORE_MOD = mods.best, .HOST_MAPS = host_maps},
+                                              {.SCORE_MOD = mods.best, .HOST_MAPS = false},
+                                              {.SCORE_MOD = mods.general, .HOST_MAPS = false}});
+  const runtime::Grid pre_grid{ceil_div(s.seqlen_q, pre.constant(attn_bwd_preprocess::BLOCK_M)), dim(s.heads),
+                               dim(s.batch)};
+  const runtime::Grid dkdv_grid{ceil_div(s.seqlen_k, dkdv.constant(attn_bwd_dkdv::BLOCK_N)), dim(s.kv_heads),
+                                dim(s.batch)};
+  const runtime::Grid dq_grid{ceil_div(s.seqlen_q, dqk.constant(attn_bwd_dq::BLOCK_M)), dim(s.heads), dim(s.batch)};
+  check_grid(op, pre_grid, "query tiles", "heads", "batch");
+  check_grid(op, dq_grid, "query tiles", "heads", "batch");
+  check_grid(op, dkdv_grid, "key tiles", "kv heads", "batch");
+
   // dS is written for the (query, key) pairs some tile visits: the rest stays 0.
   Tensor dbias = torch::stable::new_zeros(
       q, bias_grad ? std::vector<int64_t>{s.batch, s.heads, s.seqlen_q, s.seqlen_k} : std::vector<int64_t>{0},
@@ -108,6 +118,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
   const kernels::BiasArgs bias = bias_args(scope, variant.bias);
   const kernels::DropoutArgs dropout = dropout_args(scope, variant);
   const Tensor& dbias_target = bias_grad ? dbias : lse;  // never written without bias_grad
+  std::optional<attn_bwd_dkdv::Maps> dkdv_maps;
+  if (dkdv.constant(attn_bwd_dkdv::HOST_MAPS)) {
+    dkdv_maps = attn_bwd_dkdv::Maps{.Q = map_source(q), .K = map_source(k), .V = map_source(v), .DO = map_source(dout)};
+  }
   kernels::launch_attn_bwd_dkdv(dkdv, dkdv_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
       .Delta = delta.data_ptr(), .DK = dk.data_ptr(), .DV = dv.data_ptr(),
@@ -121,10 +135,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .DBias = dbias_target.data_ptr(), .stride_dbiasb = bias_grad ? dbias.stride(0) : 0,
       .stride_dbiash = bias_grad ? dbias.stride(1) : 0, .stride_dbiasq = bias_grad ? dbias.stride(2) : 0,
       .write_dbias = bias_grad ? 1 : 0, .DQAccum = dq_accum.data_ptr(), .stride_dqab = dqas.b,
-      .stride_dqas = dqas.s, .stride_dqah = dqas.h});
+      .stride_dqas = dqas.s, .stride_dqah = dqas.h}, dkdv_maps ? &*dkdv_maps : nullptr);
   if (dq_in_dkdv) {
     torch::stable::copy_(dq, dq_accum);  // to q's dtype
     return {dq, dk, dv, dbias};
+  }
+  std::optional<attn_bwd_dq::Maps> dq_maps;
+  if (dqk.constant(attn_bwd_dq::HOST_MAPS)) {
+    dq_maps = attn_bwd_dq::Maps{.Q = map_source(q), .K = map_source(k), .V = map_source(v), .DO = map_source(dout),
+                                .DQ = map_source(dq)};
   }
   kernels::launch_attn_bwd_dq(dqk, dq_grid, {
       .Q = q.data_ptr(), .K = k.data_ptr(), .V = v.data_ptr(), .DO = dout.data_ptr(), .Lse = lse.data_ptr(),
@@ -135,7 +154,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch_backward(
       .stride_lseb = ls.b, .stride_lseh = ls.h,
       .sequences = seqs, .shape = shape_args(s), .window = window_args(variant), .alibi = alibi_args(scope, variant),
       .segments = segments_args(scope, op, variant, s, SpanOver::kQueryTiles, dqk.constant(attn_bwd_dq::BLOCK_M)),
-      .scores = scores, .softmax_scale = scale, .bias = bias, .dropout = dropout});
+      .scores = scores, .softmax_scale = scale, .bias = bias, .dropout = dropout}, dq_maps ? &*dq_maps : nullptr);
   return {dq, dk, dv, dbias};
 }
 

@@ -4,6 +4,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "attention/attention_impl.h"
+#include "attention/host_maps.h"
 #include "attention/kernel_args.h"
 #include "attention/kernel_layout.h"
 #include "attention/query_tile_programs.h"
@@ -36,16 +37,6 @@ Tensor transposed_fp8_v(const char* op, const AttentionShape& s, const Tensor& v
       .key_order = key_order,
   });
   return vt;
-}
-
-// Whether the call asks for the HOST_MAPS variant first: kHostMapsUpToRows' calls whose tensors
-// a map takes, where the driver can make maps.
-bool wants_host_maps(const AttentionShape& s, bool packed, bool fp8, bool seqused_k, const Tensor& q,
-                     const Tensor& k, const Tensor& v) {
-  if (packed || fp8 || seqused_k || s.seqlen_q > kHostMapsUpToRows || !runtime::maps_supported()) return false;
-  const int bytes = static_cast<int>(q.element_size());
-  return runtime::fits_map(map_source(q), bytes) && runtime::fits_map(map_source(k), bytes) &&
-         runtime::fits_map(map_source(v), bytes);
 }
 
 }  // namespace
@@ -82,7 +73,8 @@ std::tuple<Tensor, Tensor> launch_forward(const char* op, const AttentionShape& 
   // The variant built for this call's score modifiers where the build has it (the Hopper kernel's),
   // else the general one (attention_variant.h).
   const ScoreModChoice mods = forward_score_mods(variant);
-  const bool host_maps = wants_host_maps(s, packed, fp8.active, seqused_k.has_value(), q, k, v);
+  const bool host_maps =
+      wants_host_maps(s.seqlen_q, kHostMapsUpToRows, packed, fp8.active, seqused_k.has_value(), {&q, &k, &v});
   const auto fwd = loop_allowed
       ? choose_first<attn_fwd>(op, q.get_device_index(), out_dtype, s.head_dim,
                                {{.SCORE_MOD = mods.best, .TILE_LOOP = tile_loop, .FP8 = fp8_kind, .HOST_MAPS = host_maps},

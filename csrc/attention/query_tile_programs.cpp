@@ -47,15 +47,10 @@ int64_t query_tile_programs(int64_t tiles, int64_t sequence_heads, int64_t sms, 
 
 // The forward's choices for a call, as the op makes them, for the tuner
 // (tuning/tune_tile_loop.py) and tests through python/fattn/_library.py: whether it asks for the
-// looping kernel first, up to how many query rows a dense call takes host-made maps, and how many
-// programs per (head, sequence) the looping kernel gets.
+// looping kernel first and how many programs per (head, sequence) the looping kernel gets.
 extern "C" __attribute__((visibility("default"))) int fattn_prefers_tile_loop(int arch, int bucket, int64_t seqlen_q,
                                                                               int packed, int right_edge) {
   return fattn::prefers_tile_loop(arch, bucket, seqlen_q, packed != 0, right_edge != 0) ? 1 : 0;
-}
-
-extern "C" __attribute__((visibility("default"))) int64_t fattn_host_maps_up_to_rows() {
-  return fattn::kHostMapsUpToRows;
 }
 
 extern "C" __attribute__((visibility("default"))) int64_t fattn_query_tile_programs(int64_t tiles,

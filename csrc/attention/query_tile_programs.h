@@ -18,12 +18,6 @@ namespace fattn {
 // one serves every length.
 bool prefers_tile_loop(int arch, int bucket, int64_t seqlen_q, bool packed, bool right_edge);
 
-// Dense 16-bit calls up to this many query rows take Q, K, V and Out as maps the host makes where
-// the build has the variant (attn_fwd's HOST_MAPS: plain scores in the 64 and 128 buckets on
-// sm_90), so that the looping kernel's programs make no TMA descriptors of their own: 1.05-1.11x
-// at 1k rows, 1.02-1.03x at 2k; at d128 4k the maps ran 0.97-0.99x (docs/notes/tuning.md T39, T40).
-constexpr int64_t kHostMapsUpToRows = 2048;
-
 // Programs per (head, sequence) for `tiles` query tiles each, `sequence_heads` (head, sequence)
 // pairs and `sms` multiprocessors; `heavy_first`: later query tiles see more keys (causal, a
 // right window edge). Returns `tiles` (one tile per program) where that measured faster.

@@ -56,8 +56,16 @@ def prefers_tile_loop(arch: int, bucket: int, seqlen_q: int, packed: bool, right
 
 def host_maps_up_to_rows() -> int:
     """The query rows up to which a dense forward call takes host-made maps where the build has
-    the variant (attn_fwd's HOST_MAPS): the op's own rule (csrc/attention/query_tile_programs.h)."""
+    the variant (attn_fwd's HOST_MAPS): the op's own rule (csrc/attention/host_maps.h)."""
     fn = _ctypes_handle().fattn_host_maps_up_to_rows
+    fn.restype = ctypes.c_int64
+    return fn()
+
+
+def backward_host_maps_up_to_rows() -> int:
+    """The query rows up to which a dense backward call takes host-made maps where the build has
+    the variants (attn_bwd_dkdv's and attn_bwd_dq's HOST_MAPS): csrc/attention/host_maps.h."""
+    fn = _ctypes_handle().fattn_backward_host_maps_up_to_rows
     fn.restype = ctypes.c_int64
     return fn()
 

@@ -354,7 +354,7 @@ def test_dense_calls_up_to_the_limit_take_host_made_maps(case, dtype):
     deterministic, causal = "deterministic" in words, "causal" in words
     window = (300, -1) if "left-window" in words else (-1, 0 if causal else -1)
     torch.manual_seed(sq + sk + d)
-    q, k, v = make_qkv(2, sq, sk, 8, 2, d, dtype, "cuda")
+    q, k, v = make_qkv(1 if "LIMIT" in case else 2, sq, sk, 8, 2, d, dtype, "cuda")
     out, lse = torch.ops.fattn.forward(q, k, v, causal=causal, window_left=window[0], window_right=window[1])
     dout = torch.randn_like(out)
     wide = torch.empty(*dout.shape[:-1], d + 4, dtype=dtype, device="cuda")
@@ -402,3 +402,39 @@ def test_other_backward_calls_keep_the_kernels_own_descriptors(case):
     else:
         names = kernels_launched(lambda: _backward(q, k, v, **({"softcap": 30.0} if case == "softcap" else {})))
     assert "attn_bwd_dkdv_sm90" in names and not any(name.endswith("_maps") for name in names), (case, names)
+
+
+def test_maps_are_made_on_threads_that_made_no_cuda_call_yet():
+    # The host encodes maps with the driver, which needs a current context: a thread that has
+    # made no CUDA call of its own has none (autograd's backward thread before its first op, a
+    # worker thread). The forward and backward ops, called first thing on a fresh thread, take
+    # their maps there and agree to the bit with the same calls on this thread.
+    import threading
+
+    torch.manual_seed(5)
+    q, k, v = make_qkv(2, 1000, 1000, 4, 2, 128, torch.bfloat16, "cuda")
+    dout = torch.randn_like(q)
+
+    def calls():
+        out, lse = torch.ops.fattn.forward(q, k, v, causal=True)
+        return (out, lse, *torch.ops.fattn.backward(dout, q, k, v, out, lse, None, None, True, True))
+
+    # On this thread first, its results kept on the host: the thread's outputs then reuse the
+    # allocator's cached blocks, so no allocation of its own makes a context current for it.
+    here = [t.cpu() for t in calls()]
+    result, errors = [], []
+    thread = threading.Thread(target=lambda: _record(calls, result, errors))
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(here[:5], result[0][:5]))
+    names = kernels_launched(calls)
+    assert {"attn_fwd_sm90_maps", "attn_bwd_dkdv_sm90_maps", "attn_bwd_dq_sm90_maps"} <= names, names
+
+
+def _record(fn, result, errors):
+    try:
+        result.append(fn())
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001: the thread's failure is the test's to report
+        errors.append(repr(e))

@@ -59,6 +59,9 @@ EncodedMap encode_map(const LaunchTarget& target, int index, const char* param, 
                              "driver lacks (CUDA 12.0 or newer has it)");
   }
   const MapBox& box = e.maps[index];
+  // The driver checks the map's address in the current context, and the calling thread may have
+  // none yet: autograd's backward thread has made no CUDA call of its own before the first op.
+  cuda::ScopedContext context(target.device);
   EncodedMap out{};
   int64_t strides[4];
   dense_strides_for_unit_dims(source, strides);

@@ -7,7 +7,7 @@ Each program of triton_src/forward_sm90.py otherwise makes four TMA descriptors 
 (sequence, head) before its consumers start: 3.0-3.3 us of a 3.6-3.9 us setup at d128
 (docs/notes/tuning.md T36). The HOST_MAPS variants take rank-4 maps over the dense [batch,
 seqlen, heads, head_dim] tensors instead (triton_src/row_tiles.py); the op takes them for dense
-calls up to kHostMapsUpToRows (csrc/attention/forward_cuda.cpp), the length this study sets.
+calls up to kHostMapsUpToRows (csrc/attention/host_maps.h), the length this study sets.
 Both launch through Triton's JIT (tuning/launch.py, whose host_maps makes the maps as the op's
 csrc/runtime/tensor_maps.cpp does), on the op's programs per (head, batch); the output must be
 the same to the bit; then they alternate --pairs times in CUDA-graph replays. Dense bf16 calls

@@ -217,6 +217,32 @@ def test_the_python_launch_gives_fewer_programs_only_to_kernels_that_loop():
         launch.forward(q, q, q, tiles, spec=ATTN_FWD_SM90, programs=0)
 
 
+def test_the_python_launch_gives_maps_only_of_dense_tensors_to_kernels_that_take_them():
+    # tuning/launch.py: `maps` turns a call into its HOST_MAPS variant's. A map covers a dense
+    # [batch, seqlen, heads, head_dim] tensor, and a kernel with no map-able tensor has no such
+    # variant: both are refused before a launch, for the forward and both backward passes.
+    import torch
+
+    from triton_src.backward import ATTN_BWD_PREPROCESS
+    from triton_src.backward_dq_sm90 import ATTN_BWD_DQ_SM90
+    from triton_src.backward_sm90 import ATTN_BWD_DKDV_SM90
+    from tuning import launch
+
+    q = torch.zeros(1, 256, 2, 64)
+    lse = torch.zeros(1, 2, 256)
+    tiles = launch.Tiles(64, 128, 4, 1)
+    packed = launch.Packing(torch.tensor([0, 256], dtype=torch.int32), torch.tensor([0, 256], dtype=torch.int32),
+                            256, 256)
+    with pytest.raises(ValueError, match="attn_bwd_dkdv_sm90 takes maps of dense tensors"):
+        launch.backward_dkdv(q[0], q[0], q[0], q[0], lse[0], lse[0], tiles, packing=packed,
+                             spec=ATTN_BWD_DKDV_SM90, maps=True)
+    with pytest.raises(ValueError, match="attn_bwd_dq_sm90 takes maps of dense tensors"):
+        launch.backward_dq(q[0], q[0], q[0], q[0], lse[0], lse[0], tiles, packing=packed, spec=ATTN_BWD_DQ_SM90,
+                           maps=True)
+    with pytest.raises(ValueError, match="attn_bwd_preprocess takes none"):
+        launch.forward(q, q, q, tiles, spec=ATTN_BWD_PREPROCESS, maps=True)
+
+
 def test_score_mod_variants_are_named_in_one_table(header):
     # triton_src/variants.py names SCORE_MOD's values; configs.json spells them by name, grid.py
     # turns them into the kernels' integers, and the header gives C++ the same names.

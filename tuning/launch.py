@@ -178,6 +178,16 @@ def host_maps(spec, tensors: dict, constants: dict) -> dict:
     return maps
 
 
+def _use_maps(spec, arguments: dict, tensors: dict, dense: bool) -> None:
+    """Turns `arguments` into those of `spec`'s HOST_MAPS variant: the flag set and each map-able
+    tensor (from `tensors`) given as its host-made map, boxes from the arguments' constexprs."""
+    if not dense or not spec.maps:
+        raise ValueError(f"maps=True: {spec.name} takes maps of dense tensors"
+                         + ("" if spec.maps else f", and {spec.name} takes none"))
+    arguments[MAPS_FLAG] = True
+    arguments.update(host_maps(spec, tensors, arguments))
+
+
 def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packing | None = None, spec=ATTN_FWD,
             programs: int | None = None, replace: dict | None = None, maps: bool = False):
     """(out, lse) of attn_fwd, or of another kernel with its arguments (`spec`: the Hopper
@@ -204,12 +214,7 @@ def forward(q, k, v, tiles: Tiles, variant: Variant = Variant(), packing: Packin
                      **variant.sink_args(q.device), **variant.span_args(tiles.block_m, False, q.device),
                      **_without_fp8(lse))
     if maps:
-        if not dense or not spec.maps:
-            raise ValueError(f"maps=True: {spec.name} takes maps of dense tensors"
-                             + ("" if spec.maps else f", and {spec.name} takes none"))
-        arguments[MAPS_FLAG] = True
-        arguments.update(host_maps(spec, {"Q": q, "K": k, "V": v, "Out": out},
-                                   {"BLOCK_N": tiles.block_n, **arguments}))
+        _use_maps(spec, arguments, {"Q": q, "K": k, "V": v, "Out": out}, dense)
     arguments.update(replace or {})
     spec.launch((tiles_m if programs is None else min(programs, tiles_m), q.shape[-2], batch),
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, **arguments)
@@ -256,12 +261,16 @@ def _new_gradient(t, packing):
 
 def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
                   packing: Packing | None = None, want_dbias: bool = False, spec=ATTN_BWD_DKDV,
-                  accumulate_dq: bool = False):
+                  accumulate_dq: bool = False, maps: bool = False):
     """(dk, dv) of attn_bwd_dkdv (or of another kernel with its arguments, `spec`); (dk, dv,
     dbias) with want_dbias (dbias: dS, [batch, heads, seqlen_q, seqlen_k] float32, zero-filled as
     the op allocates it); dq appended with accumulate_dq (ACCUMULATE_DQ: the kernel adds dQ into
-    a zeroed float32 accumulator, converted to q's dtype here as the op does)."""
+    a zeroed float32 accumulator, converted to q's dtype here as the op does). `maps`: the
+    HOST_MAPS variant, Q, K, V and dO given as host-made maps (dense 16-bit calls; the Hopper
+    kernel's)."""
     batch, seqlen_q, seqlen_k, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
+    if maps:
+        _use_maps(spec, args, {"Q": q, "K": k, "V": v, "DO": dout}, packing is None)
     dk, dv = _new_gradient(k, packing), _new_gradient(v, packing)
     shape = (batch, q.shape[-2], seqlen_q, seqlen_k) if want_dbias else (1, 1, 1, 1)
     dbias = torch.zeros(shape, dtype=torch.float32, device=q.device)
@@ -277,10 +286,14 @@ def backward_dkdv(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Va
 
 
 def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Variant(),
-                packing: Packing | None = None, spec=ATTN_BWD_DQ):
-    """dq of attn_bwd_dq, or of another kernel with its arguments (`spec`: the Hopper dQ)."""
+                packing: Packing | None = None, spec=ATTN_BWD_DQ, maps: bool = False):
+    """dq of attn_bwd_dq, or of another kernel with its arguments (`spec`: the Hopper dQ).
+    `maps`: the HOST_MAPS variant, Q, K, V, dO and dQ given as host-made maps (dense 16-bit
+    calls; the Hopper kernel's)."""
     batch, seqlen_q, _, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dq = _new_gradient(q, packing)
+    if maps:
+        _use_maps(spec, args, {"Q": q, "K": k, "V": v, "DO": dout, "DQ": dq}, packing is None)
     spec.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
                 num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq),
                 **variant.span_args(tiles.block_m, False, q.device))

@@ -499,12 +499,13 @@ def test_dq_is_accumulated_in_the_dkdv_pass_only_where_measured():
         for dtype in ("fp16", "bf16")}
     assert all(v.implementation == "attn_bwd_dkdv_sm90" for v in accumulating)
     assert {v.constant_dict["BLOCK_D"]: v.constant_dict["BLOCK_N"] for v in accumulating} == {64: 128, 128: 64}
-    without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"])
+    without = {(v.arch, v.dtype, v.constant_dict["BLOCK_D"], v.constant_dict["SCORE_MOD"], v.constant_dict["HOST_MAPS"])
                for v in variants if not v.constant_dict["ACCUMULATE_DQ"]}
     # Every arch but sm_89 (sm_86's serve it: configs.json served_by), dtype, power-of-two bucket
     # and SCORE_MOD plain, softcap_alibi and bias_dropout, sm_90's 96 bucket for SCORE_MOD plain and softcap_alibi, and its 64, 96 and 128 buckets for
-    # SCORE_MOD alibi_only (ALiBi without a softcap) and bias_tma (a bias read by TMA).
-    assert len(without) == len(variants) - len(accumulating) == 4 * 2 * 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2
+    # SCORE_MOD alibi_only (ALiBi without a softcap) and bias_tma (a bias read by TMA); and sm_90's
+    # plain 64 and 128 buckets again with host-made maps (HOST_MAPS).
+    assert len(without) == len(variants) - len(accumulating) == 4 * 2 * 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2 + 2 * 2
     assert {(v.arch, v.constant_dict["BLOCK_D"], v.constant_dict["BLOCK_N"], v.implementation) for v in variants
             if v.constant_dict["SCORE_MOD"] == ALIBI_ONLY} == {(90, d, 128, "attn_bwd_dkdv_sm90") for d in (64, 96, 128)}
 

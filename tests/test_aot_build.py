@@ -753,9 +753,9 @@ def test_host_made_maps_are_built_for_the_dense_calls_that_measured_faster():
 @pytest.mark.parametrize("kernel,head_dim", [("attn_fwd", "64"), ("attn_fwd", "128"), ("attn_bwd_dkdv", "64"),
                                              ("attn_bwd_dkdv", "128"), ("attn_bwd_dq", "128")])
 def test_the_host_maps_variants_compile_to_the_launchers_abi(tmp_path, kernel, head_dim):
-    # A HOST_MAPS variant: no descriptor made in the kernel for its mapped tensors (no
-    # tensormap.replace, no global scratch; the d64 dK/dV with dQ accumulated still makes its
-    # float32 accumulator's), every TMA copy of them 4-D over [batch, seqlen, heads, head_dim], the
+    # A HOST_MAPS variant (those without dQ accumulated, whose float32 accumulator keeps the
+    # descriptor its program makes): no descriptor made in the kernel (no tensormap.replace, no
+    # global scratch), every TMA copy of them 4-D over [batch, seqlen, heads, head_dim], the
     # boxes the spec's map_rows say recorded for the kernel table (split by Triton into 64-column
     # boxes, a 128-byte swizzle's width); its function named apart (profiles tell the forms apart).
     # And the launch ABI: the PTX entry's parameters, in order, are what the generated launcher

@@ -383,9 +383,11 @@ def test_dense_calls_up_to_the_limit_take_host_made_maps(case, dtype):
 @pytest.mark.parametrize("case", ["a row past the limit", "packed", "softcap", "d96", "k broadcast"])
 def test_other_backward_calls_keep_the_kernels_own_descriptors(case):
     # Past backward_host_maps_up_to_rows() query rows, packed sequences (a map does not stop at a
-    # sequence's end), score modifications and the 96 bucket (no HOST_MAPS variant) and tensors a
-    # map cannot take (a K that broadcasts over the KV heads: stride 0) run the Hopper kernels with
-    # their own descriptors.
+    # sequence's end), score modifications (no HOST_MAPS variant) and tensors a map cannot take (a
+    # K that broadcasts over the KV heads: stride 0) run the Hopper kernels with their own
+    # descriptors. d96: the dK/dV kernel's 96 bucket has no HOST_MAPS variant and keeps them, while
+    # its dQ runs in the 128 bucket's Hopper dQ kernel, which takes maps of the 96 columns (zero-filled
+    # and clipped to the tensor's head dim as its descriptors are).
     n = backward_host_maps_up_to_rows() + 1 if case == "a row past the limit" else 700
     d = 96 if case == "d96" else 128
     torch.manual_seed(n + d)
@@ -401,7 +403,9 @@ def test_other_backward_calls_keep_the_kernels_own_descriptors(case):
         names = kernels_launched(lambda: _backward(q, k, v))
     else:
         names = kernels_launched(lambda: _backward(q, k, v, **({"softcap": 30.0} if case == "softcap" else {})))
-    assert "attn_bwd_dkdv_sm90" in names and not any(name.endswith("_maps") for name in names), (case, names)
+    maps = {name for name in names if name.endswith("_maps")}
+    assert "attn_bwd_dkdv_sm90" in names, (case, names)
+    assert maps == ({"attn_bwd_dq_sm90_maps"} if case == "d96" else set()), (case, names)
 
 
 def test_maps_are_made_on_threads_that_made_no_cuda_call_yet():

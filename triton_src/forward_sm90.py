@@ -15,7 +15,7 @@ FlashAttention-3's structure written out, which Triton's own scheduler does not 
   The TMA descriptors are built on the device from pointers and strides, over one (sequence,
   head) as a [seqlen, head_dim] matrix: TMA zero-fills rows past the sequence and columns past
   head_dim, so varlen and padded head dims need no masked loads, and clips the stores of Out the
-  same way. Dense calls up to a length (HOST_MAPS, forward_cuda.cpp's rule) take rank-4 maps
+  same way. Dense calls up to a length (HOST_MAPS, csrc/attention/host_maps.h) take rank-4 maps
   the host made over the whole tensors instead, which clip the same way (row_tiles.py).
 - ping-pong: the consumers take turns (the `turn` mbarriers, a ring) issuing their two products
   of an iteration, S(j) = Q K(j)^T and O += P(j-1) V(j-1), so that one warpgroup's softmax runs

@@ -292,11 +292,11 @@ def backward_dq(q, k, v, dout, lse, delta, tiles: Tiles, variant: Variant = Vari
     calls; the Hopper kernel's)."""
     batch, seqlen_q, _, args = _gradient_args(q, k, v, dout, lse, delta, variant, packing, tiles)
     dq = _new_gradient(q, packing)
+    args.update(DQ=dq, **rows("dq", dq))
     if maps:
         _use_maps(spec, args, {"Q": q, "K": k, "V": v, "DO": dout, "DQ": dq}, packing is None)
     spec.launch((triton.cdiv(seqlen_q, tiles.block_m), q.shape[-2], batch), num_warps=tiles.num_warps,
-                num_stages=tiles.num_stages, **args, DQ=dq, **rows("dq", dq),
-                **variant.span_args(tiles.block_m, False, q.device))
+                num_stages=tiles.num_stages, **args, **variant.span_args(tiles.block_m, False, q.device))
     return dq
 
 

@@ -25,8 +25,8 @@ import fattn
 from fattn._library import backward_host_maps_up_to_rows
 from fattn.reference import attention_reference
 from helpers import (
-    check_gradients, check_loss_gradients, check_variant_gradients, hopper_variants, kernels_launched, launch_args,
-    loss_gradients, make_qkv, requires_gpu,
+    check_gradients, check_loss_gradients, check_variant_gradients, hopper_variants, kernels_launched,
+    kernels_launched_by_kernel, launch_args, loss_gradients, make_qkv, requires_gpu,
 )
 
 
@@ -38,13 +38,6 @@ def _hopper_build():
 
 pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_bwd_dkdv_sm90")]
-
-
-def _kernels(call) -> set[str]:
-    """The kernels `call` launched, the Hopper kernels' forms with host-made maps (*_maps: dense
-    calls up to backward_host_maps_up_to_rows() query rows; their own tests say which form runs)
-    under their kernels' names."""
-    return {name.removesuffix("_maps") for name in kernels_launched(call)}
 
 
 def _backward(q, k, v, p=0.0, **options):
@@ -60,7 +53,7 @@ def _backward(q, k, v, p=0.0, **options):
 ], ids=["d128", "d128-causal", "d96-window", "d64", "d64-softcap", "d40-causal", "d256-causal", "d200-softcap"])
 def test_the_hopper_kernel_serves_its_buckets(head_dim, options):
     q, k, v = make_qkv(2, 300, 300, 4, 2, head_dim, torch.bfloat16, "cuda")
-    names = _kernels(lambda: _backward(q, k, v, **options))
+    names = kernels_launched_by_kernel(lambda: _backward(q, k, v, **options))
     assert "attn_bwd_dkdv_sm90" in names, names
 
 
@@ -91,7 +84,7 @@ def test_other_calls_stay_on_attn_bwd_dkdv(what):
     # does the wide-head form take it.
     options = dict(softcap=30.0, deterministic=True) if "softcap" in what else {}
     p = 0.1 if "dropout" in what else 0.0
-    names = _kernels(lambda: _backward(q, k, v, p, **options))
+    names = kernels_launched_by_kernel(lambda: _backward(q, k, v, p, **options))
     assert "attn_bwd_dkdv" in names and "attn_bwd_dkdv_sm90" not in names, names
 
 
@@ -118,7 +111,7 @@ def test_which_kernel_computes_dq(head_dim, deterministic, options, served_by):
     p = options.pop("p", 0.0)
     if options.pop("alibi", False):
         options["alibi_slopes"] = torch.rand(4, device="cuda") * 0.3
-    names = _kernels(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
+    names = kernels_launched_by_kernel(lambda: _backward(q, k, v, p, deterministic=deterministic, **options))
     dq_kernels = names & {"attn_bwd_dq", "attn_bwd_dq_sm90"}
     assert dq_kernels == (set() if served_by == "attn_bwd_dkdv_sm90" else {served_by}), names
 
@@ -232,7 +225,7 @@ def test_alibi_without_softcap_runs_its_own_variant(seqlen_q, seqlen_k, heads, k
     torch.manual_seed(seqlen_q + seqlen_k + heads + head_dim)
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     slopes = torch.rand(2, heads, device="cuda") * 0.3
-    names = _kernels(lambda: _backward(q, k, v, alibi_slopes=slopes, deterministic=True))
+    names = kernels_launched_by_kernel(lambda: _backward(q, k, v, alibi_slopes=slopes, deterministic=True))
     assert "attn_bwd_dkdv_sm90" in names and "attn_bwd_dkdv" not in names, names
     for options in (dict(causal=True), dict(), dict(window_size=(200, 50))):
         check_variant_gradients(q, k, v, f"alibi {options}", alibi_slopes=slopes, **options)
@@ -322,7 +315,7 @@ def test_a_bias_runs_the_hopper_backward(head_dim, what):
         return fn
 
     hopper = "bias rows unaligned" not in what and "softcap" not in what
-    names = _kernels(lambda: loss_gradients(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
+    names = kernels_launched_by_kernel(lambda: loss_gradients(fattn_fn, tensors, torch.ones(q.shape, device="cuda"),
                                                  torch.zeros(b, h, sq, device="cuda")))
     assert ("attn_bwd_dkdv_sm90" in names) == hopper, names
     assert ("attn_bwd_dkdv" in names) != hopper, names

@@ -13,7 +13,9 @@ import torch
 import fattn
 from fattn._library import host_maps_up_to_rows, prefers_tile_loop
 from fattn.reference import attention_reference
-from helpers import check_accuracy, kernels_launched, launch_grids, make_qkv, requires_gpu
+from helpers import (
+    check_accuracy, kernels_launched, kernels_launched_by_kernel, launch_grids, make_qkv, requires_gpu,
+)
 
 
 def _hopper_build():
@@ -26,13 +28,6 @@ pytestmark = [requires_gpu, pytest.mark.gpu,
               pytest.mark.skipif(not _hopper_build(), reason="needs a Hopper GPU and a build with attn_fwd_sm90")]
 
 
-def _forward_kernels(call) -> set[str]:
-    """The kernels `call` launched, the Hopper forward's two forms under one name: with its own
-    descriptors (attn_fwd_sm90) and with the host's maps (attn_fwd_sm90_maps, dense calls up to
-    2k rows; the tests of the maps say which form runs)."""
-    return {"attn_fwd_sm90" if name == "attn_fwd_sm90_maps" else name for name in kernels_launched(call)}
-
-
 @pytest.mark.parametrize("head_dim", [72, 96, 128, 136, 192, 200, 256])
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(softcap=30.0, window_size=(100, 0))],
                          ids=["plain", "causal", "softcap-window"])
@@ -41,7 +36,7 @@ def test_the_hopper_kernel_serves_the_buckets_above_64(head_dim, options):
     # have more queries.
     n = max(600, _tuned_crossover(128, True) + 100) if options.get("causal") else 600
     q, k, v = make_qkv(2, n, n, 4, 2, head_dim, torch.bfloat16, "cuda")
-    names = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, **options))
+    names = kernels_launched_by_kernel(lambda: fattn.flash_attn_func(q, k, v, **options))
     assert "attn_fwd_sm90" in names, names
 
 
@@ -69,7 +64,7 @@ def test_short_d128_calls_follow_the_tuned_crossover(case):
     dense_d128 = d == 128 and not case.startswith(("softcap", "packed"))
     right_edge = case != "non-causal 512"
     want = "attn_fwd_sm90" if not dense_d128 or prefers_tile_loop(90, 128, n, False, right_edge) else "attn_fwd"
-    names = _forward_kernels(call)
+    names = kernels_launched_by_kernel(call)
     assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), names
     if not case.startswith("packed"):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
@@ -85,7 +80,7 @@ def test_alibi_without_softcap(head_dim, seqlen_q, seqlen_k):
     torch.manual_seed(seqlen_q + head_dim)
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, "cuda")
     slopes = torch.rand(2, 8, device="cuda") * 0.3
-    assert "attn_fwd_sm90" in _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, alibi_slopes=slopes))
+    assert "attn_fwd_sm90" in kernels_launched_by_kernel(lambda: fattn.flash_attn_func(q, k, v, alibi_slopes=slopes))
     for options in (dict(causal=True), dict(), dict(window_size=(100, 20))):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, alibi_slopes=slopes, **options)
         causal = options.pop("causal", False)
@@ -100,7 +95,7 @@ def test_other_calls_stay_on_attn_fwd(what):
     q, k, v = make_qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     p = 0.1 if what.startswith("dropout") else 0.0
     bias = torch.randn(2, 4, 300, 300, device="cuda", dtype=q.dtype) if what.startswith("bias") else None
-    names = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, p, bias=bias))
+    names = kernels_launched_by_kernel(lambda: fattn.flash_attn_func(q, k, v, p, bias=bias))
     assert "attn_fwd" in names and "attn_fwd_sm90" not in names, names
 
 
@@ -139,7 +134,7 @@ def test_a_bias_runs_the_hopper_kernel(head_dim, what):
         def call():
             return op(q, k, v, None, causal, False, window[0], window[1], extra.get("softcap", 0.0),
                       extra.get("alibi_slopes"), None, None, None, prepared, p, seed)
-        names = _forward_kernels(call)
+        names = kernels_launched_by_kernel(call)
         assert want in names and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(names), (what, names)
         out, lse = call()
         check_accuracy(out, lse, q, k, v, None, causal, f"{what} d{head_dim} causal {causal} window {window}",
@@ -226,7 +221,7 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
         out, lse = fattn.flash_attn_func(q, k, v, return_lse=True, **options)
         n = threshold - 1
         cut = {name: ids[:, :n] for name, ids in options.items() if name == "q_segment_ids"}
-        short = _forward_kernels(lambda: fattn.flash_attn_func(q[:, :n], k, v, **{**options, **cut}))
+        short = kernels_launched_by_kernel(lambda: fattn.flash_attn_func(q[:, :n], k, v, **{**options, **cut}))
         assert "attn_fwd" in short and "attn_fwd_sm90" not in short, f"{what}, {n} queries: {short}"
         causal = options.pop("causal", False)
         check_accuracy(out, lse, q, k, v, None, causal, f"d64 {dtype} {what}", **options)
@@ -234,12 +229,12 @@ def test_head_dim_64_picks_its_kernel_by_length(dtype, right_edge):
         return
     cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
-    packed = _forward_kernels(lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
-                                                                    cu, cu_k, sq, sk))
+    packed = kernels_launched_by_kernel(
+        lambda: fattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu_k, sq, sk))
     assert "attn_fwd" in packed and "attn_fwd_sm90" not in packed, f"packed: {packed}"
-    softcap = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
+    softcap = kernels_launched_by_kernel(lambda: fattn.flash_attn_func(q, k, v, softcap=20.0))
     assert "attn_fwd" in softcap and "attn_fwd_sm90" not in softcap, f"softcap: {softcap}"
-    causal = _forward_kernels(lambda: fattn.flash_attn_func(q, k, v, causal=True))
+    causal = kernels_launched_by_kernel(lambda: fattn.flash_attn_func(q, k, v, causal=True))
     want = "attn_fwd_sm90" if sq >= _tuned_crossover(64, True) else "attn_fwd"
     assert want in causal and ({"attn_fwd", "attn_fwd_sm90"} - {want}).isdisjoint(causal), f"causal, {sq}: {causal}"
 

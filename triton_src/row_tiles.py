@@ -52,8 +52,6 @@ def load_group_rows(source, row, g, barrier, smem):
     `smem`, a [rows, 1, columns] tile, completing on `barrier`."""
     if len(source) == 3:
         tile_map, batch, first_head = source
-        box: gl.constexpr = tile_map.block_type.shape
-        tma.async_copy_global_to_shared(tile_map, [batch, row, first_head + g, 0], barrier,
-                                        smem._reinterpret(smem.dtype, box, tile_map.layout))
+        load_rows((tile_map, batch, first_head + g), row, barrier, smem)
     else:
         tma.async_copy_global_to_shared(source[0], [row, g, 0], barrier, smem)

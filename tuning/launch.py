@@ -116,6 +116,7 @@ def use_torch_scratch() -> None:
     build their TMA descriptors) from torch's allocator, on the current device."""
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
+
 def dropout_threshold(p: float) -> int:
     """csrc/attention/dropout.cpp's rule: a key is dropped when its 16-bit draw is below
     round(p * 2**16), at most 2**16 - 1."""

@@ -32,7 +32,7 @@ from .fp8_decode import call as fp8_call
 from .fp8_decode import references as fp8_references
 from .library import check_stable_abi, hopper_variants, skip_without_ptx
 from .paged_varlen import check_paged_varlen, paged_varlen_inputs
-from .profiled import kernels_launched, launch_args, launch_grids
+from .profiled import kernels_launched, kernels_launched_by_kernel, launch_args, launch_grids
 from .samples import (
     BACKWARD, DECODE, FORWARD, MERGE, OPS, SAMPLE_INPUTS, Sample, backward_samples, call_with_fakes,
     check_fake_raises_like_op, decode_samples, forward_samples, fp8_decode_samples, fp8_kernels_on, merge_samples,

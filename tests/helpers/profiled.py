@@ -21,6 +21,12 @@ def kernels_launched(fn) -> set[str]:
     return {e.name for e in _profile(fn).events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
+def kernels_launched_by_kernel(fn) -> set[str]:
+    """kernels_launched, each Hopper kernel's form with host-made maps (`<kernel>_maps`: dense
+    calls up to the op's limits; the tests of the maps say which form runs) under its kernel's name."""
+    return {name.removesuffix("_maps") for name in kernels_launched(fn)}
+
+
 def launch_args(fn, kernel: str, key: str) -> list:
     """One launch property (the profiler trace's `key`: "grid", "shared memory", ...) of each
     launch of `kernel` in fn."""

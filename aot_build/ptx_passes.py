@@ -3,20 +3,24 @@ more conservatively than their protocol needs.
 
 `drop_warpgroup_syncs` removes the warpgroup barrier (`bar.sync id, 128`) that Triton's
 shared-memory barrier analysis puts before every mbarrier wait or arrive that follows another
-mbarrier operation (docs/notes/tuning.md T32, scripts/mbarrier_sync_probe.py). In the Hopper
-forward's consumers that barrier makes the four warps of a warpgroup meet three or four times per
-key tile. The protocol does not need it:
-- a wait only blocks the waiting thread;
-- an arrive releases a K or V slot after the warpgroup's wgmma that read it completed
-  (`wgmma.wait_group`): a wgmma is one operation of the whole warpgroup, so once one thread has
-  seen it complete every warp's part is done (the single-thread release of CUTLASS's
-  PipelineTmaAsync and FlashAttention-3); or it passes the turn to the other warpgroup, which
-  orders nothing in memory.
-A barrier goes only where, on every path into it, the last instruction that touches memory or
-synchronises is one of those the argument covers (_SAFE_BEFORE): a wgmma wait or issue, an
-mbarrier operation, a global load, another barrier. So the epilogue's barrier after each warp's
-own TMA store wait stays, as does the one after the mbarriers are made. The rewrite is refused,
-and the PTX kept whole, for a kernel whose threads read or write shared memory themselves once its
+mbarrier operation (docs/notes/tuning.md T32, scripts/mbarrier_sync_probe.py), where the
+protocol makes it redundant:
+- before a wait, the barrier may go where, on every path into it, the last instruction that
+  touches memory or synchronises is a wgmma wait or issue, an mbarrier operation, a global load
+  or another barrier (_SAFE_BEFORE_WAIT): a wait blocks only its own thread;
+- before an arrive, only where that instruction is a wgmma wait or another barrier
+  (_SAFE_BEFORE_ARRIVE). The arrive is one thread's, made for the whole warpgroup: it must not
+  come before every warp has passed the waits it answers. If the other side, released, can
+  complete the waited barrier's next phase before a slower warp has polled it, that warp finds
+  the parity it waits for again and waits forever (T42: a query tile with no key tiles waits for
+  its Q and releases it at once, and a run of such tiles hung the forward). A completed wgmma
+  proves the point, since it runs only once all four warps have issued it (after their waits):
+  the single-thread release of CUTLASS's PipelineTmaAsync and FlashAttention-3. A wgmma's issue,
+  an mbarrier wait or arrive, do not: each is one warp's.
+So the epilogue's barrier after each warp's own TMA store wait stays, as do the one after the
+mbarriers are made, the one between a query tile's wait for Q and its release when it has no key
+tile, and the one before passing the turn to the other warpgroup. The rewrite is refused, and the
+PTX kept whole, for a kernel whose threads read or write shared memory themselves once its
 mbarriers exist (a bias tile read by ldmatrix, a layout conversion through shared memory): there
 a barrier may be what makes one thread's release speak for every warp's reads, or the only one
 between one warp's read and another's write.
@@ -37,13 +41,17 @@ _MEMORY_OR_CONTROL = re.compile(r"^(@!?%p\d+\s+)?(ld|st|atom|red|cp|mbarrier|bar
                                 r"|discard|applypriority|createpolicy|multimem|mma|wmma|nanosleep|trap)\b")
 _WARPGROUP_SYNC = re.compile(r"^bar\.sync\s+\d+,\s*128;$")
 _MBARRIER_WAIT_OR_ARRIVE = re.compile(r"^(@!?%p\d+\s+)?mbarrier\.(try_wait|arrive)\.")
-# What a dropped barrier may follow, on every path into it: the completion or the issue of the
-# warpgroup's wgmmas, an mbarrier operation (the end of an inline wait loop included), a load
-# from global memory, or another barrier. Anything else keeps the barrier: after the epilogue's
-# `cp.async.bulk.wait_group.read`, say, each warp has waited only for its own TMA store's reads
-# of the tile, and the barrier is what lets one thread then release the buffer for all of them.
-_SAFE_BEFORE = re.compile(r"^(@!?%p\d+\s+)?(wgmma\.wait_group|wgmma\.commit_group|mbarrier\.(arrive|try_wait)"
-                          r"|ld\.global|ld\.param|bar\.sync|barrier\.sync)\b|^@!complete bra\.uni waitLoop;$")
+# What a dropped barrier before a wait may follow, on every path into it: the completion or the
+# issue of the warpgroup's wgmmas, an mbarrier operation (the end of an inline wait loop included),
+# a load from global memory, or another barrier.
+_SAFE_BEFORE_WAIT = re.compile(r"^(@!?%p\d+\s+)?(wgmma\.wait_group|wgmma\.commit_group|mbarrier\.(arrive|try_wait)"
+                               r"|ld\.global|ld\.param|bar\.sync|barrier\.sync)\b|^@!complete bra\.uni waitLoop;$")
+# What a dropped barrier before an arrive may follow: what shows that every warp of the warpgroup
+# is past its earlier waits, a completed wgmma or another barrier. Anything else keeps the
+# barrier: after the epilogue's `cp.async.bulk.wait_group.read`, say, each warp has waited only for
+# its own TMA store's reads of the tile, and the barrier is what lets one thread then release the
+# buffer for all of them.
+_SAFE_BEFORE_ARRIVE = re.compile(r"^(wgmma\.wait_group|bar\.sync|barrier\.sync)\b")
 _LABEL = re.compile(r"^(\$L\w+):")
 _BRANCH = re.compile(r"^(@!?%p\d+\s+)?bra(\.uni)?\s+(\$L\w+);$")
 _ENDS_BLOCK = re.compile(r"^(bra(\.uni)?\s+\$L\w+|ret|exit|brx\.idx\b.*);?$")
@@ -51,7 +59,7 @@ _ENDS_BLOCK = re.compile(r"^(bra(\.uni)?\s+\$L\w+|ret|exit|brx\.idx\b.*);?$")
 # address. Not among them: the warp-specialization preamble's fixed `global_smem+offset` slots and
 # its one-byte dispatch load, and the epilogue's stmatrix (fenced and synchronised on its own
 # before a TMA store; the barriers around it never directly precede an mbarrier operation on
-# every path, _SAFE_BEFORE). Descriptors written before the mbarriers are made are not looked at.
+# every path, _SAFE_BEFORE_ARRIVE). Descriptors written before the mbarriers are made are not looked at.
 _THREAD_SHARED = re.compile(r"\bldmatrix\b|\b(atom|red)\.shared|\bcp\.async\.(ca|cg)\.shared"
                             r"|\bld(\.volatile)?\.shared(::cta)?\.(?!b8\b)[\w.]*\s+[^\[]*\[\s*%r"
                             r"|\bst(\.volatile)?\.shared(::cta)?\.[\w.]*\s+\[\s*%r")
@@ -137,18 +145,20 @@ def _instructions_before(lines: list[str], i: int, sources: dict[str, list[int]]
 
 def drop_warpgroup_syncs(ptx: str) -> tuple[str, int]:
     """(PTX, barriers removed): every `bar.sync id, 128` whose next instruction, past register
-    arithmetic, is an mbarrier wait or arrive, and whose previous instruction on every path is one
-    _SAFE_BEFORE names; (ptx, 0) for a kernel whose threads access shared memory themselves once
-    its mbarriers exist."""
+    arithmetic, is an mbarrier wait (or arrive) and whose previous instruction on every path is
+    one _SAFE_BEFORE_WAIT (_SAFE_BEFORE_ARRIVE) names; (ptx, 0) for a kernel whose threads access
+    shared memory themselves once its mbarriers exist."""
     lines = ptx.splitlines(keepends=True)
     if _accesses_shared_by_thread(lines):
         return ptx, 0
     sources = _branch_sources(lines)
     kept, dropped = [], 0
     for i, line in enumerate(lines):
-        if _WARPGROUP_SYNC.match(_code(line)) and _MBARRIER_WAIT_OR_ARRIVE.match(_next_instruction(lines, i)):
+        following = _MBARRIER_WAIT_OR_ARRIVE.match(_next_instruction(lines, i))
+        if _WARPGROUP_SYNC.match(_code(line)) and following:
+            safe = _SAFE_BEFORE_ARRIVE if following.group(2) == "arrive" else _SAFE_BEFORE_WAIT
             before = _instructions_before(lines, i, sources)
-            if before is not None and all(_SAFE_BEFORE.match(text) for text in before):
+            if before is not None and all(safe.match(text) for text in before):
                 dropped += 1
                 continue
         kept.append(line)

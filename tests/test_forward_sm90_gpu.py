@@ -260,6 +260,50 @@ def test_strided_views_and_padded_head_dims(head_dim):
     check_accuracy(out, lse, q, k, v, None, True, f"strided d{head_dim}")
 
 
+# A run of the program's query tiles without a key: each consumer waits for the tile's Q and
+# releases it at once, and the producer answers at once. Ten calls each, in a child process, so that
+# a stalled kernel fails the test instead of hanging the suite.
+_KEYLESS_TILES = """
+import sys, torch, fattn
+d, sq, sk = (int(x) for x in sys.argv[1:4])
+torch.manual_seed(sq + sk + d)
+q = torch.randn(1, sq, 8, d, dtype=torch.bfloat16, device="cuda")
+k, v = (torch.randn(1, sk, 2, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+for _ in range(10):
+    out, lse = torch.ops.fattn.forward(q, k, v, causal=True)
+torch.cuda.synchronize()
+torch.save({"q": q, "k": k, "v": v, "out": out, "lse": lse}, sys.argv[4])
+"""
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("seqlen_k", [300, 2048])
+def test_a_run_of_query_tiles_without_keys_does_not_stall(head_dim, seqlen_k, tmp_path):
+    # Causal, 16384 queries over fewer keys: the first 16384 - seqlen_k rows see none. With 8 heads
+    # each pair gets 16 programs (csrc/attention/query_tile_programs.cpp), heaviest tiles first:
+    # each program's first tile has keys, its next seven none. Triton's warpgroup barrier between
+    # the Q wait and its release keeps a slow warp from finding Q's barrier two phases on
+    # (aot_build/ptx_passes.py; without it the 2048-key call hung every time on an H200).
+    import subprocess
+    import sys
+
+    path = tmp_path / "result.pt"
+    try:
+        subprocess.run([sys.executable, "-c", _KEYLESS_TILES, str(head_dim), "16384", str(seqlen_k), str(path)],
+                       check=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"d{head_dim} 16384 x {seqlen_k} causal: the forward did not finish in 180 s")
+    r = torch.load(path)
+    q, k, v, out, lse = r["q"], r["k"], r["v"], r["out"], r["lse"]
+    names = kernels_launched_by_kernel(lambda: torch.ops.fattn.forward(q, k, v, causal=True))
+    assert "attn_fwd_sm90" in names, names
+    keyless = 16384 - seqlen_k
+    assert torch.all(out[:, :keyless] == 0) and torch.all(lse[..., :keyless] == float("-inf"))
+    # The rows with keys: the same problem as the last seqlen_k queries over every key.
+    check_accuracy(out[:, keyless:], lse[..., keyless:], q[:, keyless:], k, v, None, True,
+                   f"d{head_dim} 16384 x {seqlen_k} causal")
+
+
 def test_packed_batch_with_empty_sequences():
     # Empty query spans, empty key spans and both: descriptors of zero rows are never read from or
     # stored through; a query with no key gets out 0 and lse -inf.

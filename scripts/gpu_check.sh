@@ -26,6 +26,10 @@ else
   export PYTHONPATH=$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
+# A test still running after this many seconds gets every thread's Python stack in the log
+# (pytest's faulthandler_timeout): a stalled kernel then names its test and call instead of
+# showing only as the time limit.
+stall=(-o "faulthandler_timeout=${TEST_STALL_S:-600}")
 if ! python3 -c "import pytest" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
@@ -44,7 +48,7 @@ if [[ $what == tests || $what == all ]]; then
     # tests, dealt out largest first to the GPU with the fewest bytes of tests so far.
     # gpu_tests.log holds each part's log in turn.
     multi=(tests/test_multi_gpu.py tests/test_ring_gpu.py)
-    python3 -m pytest "${multi[@]}" -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/gpu_tests_multi.log" 2>&1
+    python3 -m pytest "${multi[@]}" -q -m gpu -p no:cacheprovider "${stall[@]}" ${PYTEST_ARGS:-} > "$OUT/gpu_tests_multi.log" 2>&1
     failed=$?
     mapfile -t groups < <(python3 - "$gpus" "${multi[@]}" <<'PY'
 import sys
@@ -63,7 +67,7 @@ PY
 )
     pids=()
     for i in "${!groups[@]}"; do
-      CUDA_VISIBLE_DEVICES=$i python3 -m pytest ${groups[$i]} -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} \
+      CUDA_VISIBLE_DEVICES=$i python3 -m pytest ${groups[$i]} -q -m gpu -p no:cacheprovider "${stall[@]}" ${PYTEST_ARGS:-} \
         > "$OUT/gpu_tests_gpu$i.log" 2>&1 &
       pids+=($!)
     done
@@ -74,7 +78,7 @@ PY
     grep -E "^=== |(passed|failed|skipped|error).* in [0-9.]+s" "$OUT/gpu_tests.log"
     (( failed == 0 )) || echo "gpu_check: GPU tests failed (see $OUT/gpu_tests.log)"
   else
-    python3 -m pytest tests -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
+    python3 -m pytest tests -q -m gpu -p no:cacheprovider "${stall[@]}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
   fi
 fi
 if [[ $what == bench || $what == all ]]; then
@@ -107,7 +111,7 @@ fi
 if [[ $what == ring ]]; then
   gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1  # no NVLink multicast
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_multi_gpu.py tests/test_ring_gpu.py \
+  python3 -m pytest -q -m gpu -p no:cacheprovider "${stall[@]}" tests/test_multi_gpu.py tests/test_ring_gpu.py \
     tests/test_alibi_offset.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/ring_gpu_tests.log"
   python3 -m torch.distributed.run --nproc-per-node="$gpus" benchmarks/bench_ring.py --windows=-1,4096 \
     --tokens "${RING_TOKENS:-32768}" --out "$OUT/ring.json" 2>&1 | tee "$OUT/bench_ring.log"

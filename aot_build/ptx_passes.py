@@ -12,16 +12,20 @@ protocol makes it redundant:
   (_SAFE_BEFORE_ARRIVE). The arrive is one thread's, made for the whole warpgroup: it must not
   come before every warp has passed the waits it answers. If the other side, released, can
   complete the waited barrier's next phase before a slower warp has polled it, that warp finds
-  the parity it waits for again and waits forever (T42: a query tile with no key tiles waits for
-  its Q and releases it at once, and a run of such tiles hung the forward). A completed wgmma
-  proves the point, since it runs only once all four warps have issued it (after their waits):
-  the single-thread release of CUTLASS's PipelineTmaAsync and FlashAttention-3. A wgmma's issue,
-  an mbarrier wait or arrive, do not: each is one warp's.
+  the parity it waits for come round again and waits for ever (T42: a query tile with no key
+  tiles waits for its Q and releases it at once, and a run of such tiles hung the forward). A
+  completed wgmma shows that every warp has issued it, and so has passed every wait that comes
+  before that issue in its program: in attn_fwd_sm90 the K slot's release follows S's completion
+  (S read the slot after each warp's wait for it) and the V slot's follows P V's. The pass does
+  not check which product guards which release; the kernels' protocol does, and tuning.md T42
+  lists the releases. This is the single-thread release of CUTLASS's PipelineTmaAsync and
+  FlashAttention-3. A wgmma's issue, an mbarrier wait or arrive, do not show it: each is one
+  warp's.
 So the epilogue's barrier after each warp's own TMA store wait stays, as do the one after the
-mbarriers are made, the one between a query tile's wait for Q and its release when it has no key
-tile, and the one before passing the turn to the other warpgroup. The rewrite is refused, and the
-PTX kept whole, for a kernel whose threads read or write shared memory themselves once its
-mbarriers exist (a bias tile read by ldmatrix, a layout conversion through shared memory): there
+mbarriers are made and, in each consumer, the one between a keyless tile's wait for Q and its
+release, the one before Q's release after the key loop and the one before passing the turn to the
+other warpgroup. The rewrite is refused, and the PTX kept whole, for a kernel whose threads read
+or write shared memory themselves once its mbarriers exist (a bias tile read by ldmatrix, a layout conversion through shared memory): there
 a barrier may be what makes one thread's release speak for every warp's reads, or the only one
 between one warp's read and another's write.
 """
@@ -42,10 +46,11 @@ _MEMORY_OR_CONTROL = re.compile(r"^(@!?%p\d+\s+)?(ld|st|atom|red|cp|mbarrier|bar
 _WARPGROUP_SYNC = re.compile(r"^bar\.sync\s+\d+,\s*128;$")
 _MBARRIER_WAIT_OR_ARRIVE = re.compile(r"^(@!?%p\d+\s+)?mbarrier\.(try_wait|arrive)\.")
 # What a dropped barrier before a wait may follow, on every path into it: the completion or the
-# issue of the warpgroup's wgmmas, an mbarrier operation (the end of an inline wait loop included),
-# a load from global memory, or another barrier.
+# issue of the warpgroup's wgmmas, an mbarrier operation (an inline wait loop's branch back is
+# passed over as register work, so the loop ends at its try_wait), a load from global memory, or
+# another barrier.
 _SAFE_BEFORE_WAIT = re.compile(r"^(@!?%p\d+\s+)?(wgmma\.wait_group|wgmma\.commit_group|mbarrier\.(arrive|try_wait)"
-                               r"|ld\.global|ld\.param|bar\.sync|barrier\.sync)\b|^@!complete bra\.uni waitLoop;$")
+                               r"|ld\.global|ld\.param|bar\.sync|barrier\.sync)\b")
 # What a dropped barrier before an arrive may follow: what shows that every warp of the warpgroup
 # is past its earlier waits, a completed wgmma or another barrier. Anything else keeps the
 # barrier: after the epilogue's `cp.async.bulk.wait_group.read`, say, each warp has waited only for

@@ -14,8 +14,9 @@ import fattn
 from fattn._library import host_maps_up_to_rows, prefers_tile_loop
 from fattn.reference import attention_reference
 from helpers import (
-    check_accuracy, kernels_launched, kernels_launched_by_kernel, launch_grids, make_qkv, requires_gpu,
+    check_accuracy, fp8_kernels_on, kernels_launched, kernels_launched_by_kernel, launch_grids, make_qkv, requires_gpu,
 )
+from helpers.fp8 import check_fp8_accuracy, fp8_references
 
 
 def _hopper_build():
@@ -260,48 +261,69 @@ def test_strided_views_and_padded_head_dims(head_dim):
     check_accuracy(out, lse, q, k, v, None, True, f"strided d{head_dim}")
 
 
-# A run of the program's query tiles without a key: each consumer waits for the tile's Q and
-# releases it at once, and the producer answers at once. Ten calls each, in a child process, so that
-# a stalled kernel fails the test instead of hanging the suite.
+# Causal calls with many more queries than keys: the first 16384 - seqlen_k rows see none. With 8
+# heads each (head, sequence) gets 16 programs (csrc/attention/query_tile_programs.cpp), heaviest
+# tiles first, so a program runs seven or eight keyless query tiles in a row: at 2048 keys each
+# program's first tile has keys, at 300 keys three programs' first tile. For a keyless tile each
+# consumer warpgroup waits for its Q and releases it at once (d256 bf16 stages Out in Q's buffer
+# and releases it after the store), and the producer answers at once. The calls run in a child
+# process, ten each, so that a stalled kernel fails the test instead of hanging the suite.
 _KEYLESS_TILES = """
 import sys, torch, fattn
-d, sq, sk = (int(x) for x in sys.argv[1:4])
-torch.manual_seed(sq + sk + d)
-q = torch.randn(1, sq, 8, d, dtype=torch.bfloat16, device="cuda")
-k, v = (torch.randn(1, sk, 2, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+from helpers import kernels_launched_by_kernel
+from helpers.fp8 import fp8_qkv
+d, sk, fp8, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "fp8", sys.argv[4]
+if fp8:
+    q, k, v, qd, kd, vd = fp8_qkv(1, 16384, sk, 8, 2, d, torch.float8_e4m3fn, "cuda", seed=sk + d)
+    descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+else:
+    torch.manual_seed(sk + d)
+    q = torch.randn(1, 16384, 8, d, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(1, sk, 2, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    descales = {}
+call = lambda: fattn.flash_attn_func(q, k, v, causal=True, return_lse=True, **descales)
 for _ in range(10):
-    out, lse = torch.ops.fattn.forward(q, k, v, causal=True)
+    out, lse = call()
 torch.cuda.synchronize()
-torch.save({"q": q, "k": k, "v": v, "out": out, "lse": lse}, sys.argv[4])
+names = sorted(kernels_launched_by_kernel(call))
+torch.save(dict(q=q, k=k, v=v, out=out, lse=lse, names=names, **descales), path)
 """
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
-@pytest.mark.parametrize("seqlen_k", [300, 2048])
-def test_a_run_of_query_tiles_without_keys_does_not_stall(head_dim, seqlen_k, tmp_path):
-    # Causal, 16384 queries over fewer keys: the first 16384 - seqlen_k rows see none. With 8 heads
-    # each pair gets 16 programs (csrc/attention/query_tile_programs.cpp), heaviest tiles first:
-    # each program's first tile has keys, its next seven none. Triton's warpgroup barrier between
-    # the Q wait and its release keeps a slow warp from finding Q's barrier two phases on
-    # (aot_build/ptx_passes.py; without it the 2048-key call hung every time on an H200).
+@pytest.mark.parametrize("case", ["d128 300", "d128 2048", "d256 2048", "d128 2048 fp8"])
+def test_a_run_of_query_tiles_without_keys_does_not_stall(case, tmp_path):
+    # The warpgroup barrier between a keyless tile's wait for Q and its release, and the one before
+    # passing the turn, keep a slow warp from finding a barrier two phases on, the parity it waits
+    # for come round again (aot_build/ptx_passes.py, docs/notes/tuning.md T42; without them the
+    # bf16 d128 call at 2048 keys hung every time on an H200).
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    words = case.split()
+    d, sk, fp8 = int(words[0][1:]), int(words[1]), "fp8" in words
+    if fp8 and not fp8_kernels_on("cuda"):
+        pytest.skip("the build has no FP8 forward kernels")
     path = tmp_path / "result.pt"
+    tests = str(Path(__file__).parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
     try:
-        subprocess.run([sys.executable, "-c", _KEYLESS_TILES, str(head_dim), "16384", str(seqlen_k), str(path)],
-                       check=True, timeout=180)
+        subprocess.run([sys.executable, "-c", _KEYLESS_TILES, str(d), str(sk), "fp8" if fp8 else "bf16", str(path)],
+                       check=True, timeout=180, env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"d{head_dim} 16384 x {seqlen_k} causal: the forward did not finish in 180 s")
+        pytest.fail(f"{case}: 16384 queries over {sk} keys, causal: the forward did not finish in 180 s")
     r = torch.load(path)
     q, k, v, out, lse = r["q"], r["k"], r["v"], r["out"], r["lse"]
-    names = kernels_launched_by_kernel(lambda: torch.ops.fattn.forward(q, k, v, causal=True))
-    assert "attn_fwd_sm90" in names, names
-    keyless = 16384 - seqlen_k
-    assert torch.all(out[:, :keyless] == 0) and torch.all(lse[..., :keyless] == float("-inf"))
-    # The rows with keys: the same problem as the last seqlen_k queries over every key.
-    check_accuracy(out[:, keyless:], lse[..., keyless:], q[:, keyless:], k, v, None, True,
-                   f"d{head_dim} 16384 x {seqlen_k} causal")
+    assert "attn_fwd_sm90" in r["names"], r["names"]
+    keyless = 16384 - sk
+    assert torch.all(out[:, :keyless] == 0) and torch.all(lse[..., :keyless] == float("-inf")), case
+    # The rows with keys: the same problem as the last sk queries over every key.
+    if fp8:
+        refs = fp8_references(q[:, keyless:], k, v, r["q_descale"], r["k_descale"], r["v_descale"], None, True)
+        check_fp8_accuracy(out[:, keyless:], lse[..., keyless:], refs, what=case)
+    else:
+        check_accuracy(out[:, keyless:], lse[..., keyless:], q[:, keyless:], k, v, None, True, case)
 
 
 def test_packed_batch_with_empty_sequences():

@@ -46,9 +46,9 @@ def test_the_hopper_kernel_serves_the_buckets_above_64(head_dim, options):
 def test_short_d128_calls_follow_the_tuned_crossover(case):
     # The build has both kernels at d128 without score modifications; the op asks for the looping
     # Hopper kernel from the rows aot_build/tuned/sm90.json's crossover gives (csrc/attention/
-    # query_tile_programs.h; the tuner found attn_fwd faster for short causal calls), attn_fwd
-    # below, and the looping kernel for packed sequences, score modifications and the 96 bucket,
-    # which have that kernel alone.
+    # query_tile_programs.h; since the looping kernel's maps, from the first row at d128, causal
+    # or not: docs/notes/tuning.md T43), attn_fwd below, and the looping kernel for packed
+    # sequences, score modifications and the 96 bucket, which have that kernel alone.
     n = int(case.split()[-1])
     d = 96 if case.startswith("d96") else 128
     torch.manual_seed(n)
@@ -304,7 +304,7 @@ def test_a_run_of_query_tiles_without_keys_does_not_stall(case, tmp_path):
     words = case.split()
     d, sk, fp8 = int(words[0][1:]), int(words[1]), "fp8" in words
     if fp8 and not fp8_kernels_on("cuda"):
-        pytest.skip("the build has no FP8 forward kernels")
+        pytest.skip("this build has no FP8 forward kernels")
     path = tmp_path / "result.pt"
     tests = str(Path(__file__).parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))

@@ -25,9 +25,9 @@ So the epilogue's barrier after each warp's own TMA store wait stays, as do the 
 mbarriers are made and, in each consumer, the one between a keyless tile's wait for Q and its
 release, the one before Q's release after the key loop and the one before passing the turn to the
 other warpgroup. The rewrite is refused, and the PTX kept whole, for a kernel whose threads read
-or write shared memory themselves once its mbarriers exist (a bias tile read by ldmatrix, a layout conversion through shared memory): there
-a barrier may be what makes one thread's release speak for every warp's reads, or the only one
-between one warp's read and another's write.
+or write shared memory themselves once its mbarriers exist (a bias tile read by ldmatrix, a
+layout conversion through shared memory): there a barrier may be what makes one thread's release
+speak for every warp's reads, or the only one between one warp's read and another's write.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ _ENDS_BLOCK = re.compile(r"^(bra(\.uni)?\s+\$L\w+|ret|exit|brx\.idx\b.*);?$")
 # address. Not among them: the warp-specialization preamble's fixed `global_smem+offset` slots and
 # its one-byte dispatch load, and the epilogue's stmatrix (fenced and synchronised on its own
 # before a TMA store; the barriers around it never directly precede an mbarrier operation on
-# every path, _SAFE_BEFORE_ARRIVE). Descriptors written before the mbarriers are made are not looked at.
+# every path, _SAFE_BEFORE_ARRIVE). Descriptors written before the mbarriers are made are not
+# looked at.
 _THREAD_SHARED = re.compile(r"\bldmatrix\b|\b(atom|red)\.shared|\bcp\.async\.(ca|cg)\.shared"
                             r"|\bld(\.volatile)?\.shared(::cta)?\.(?!b8\b)[\w.]*\s+[^\[]*\[\s*%r"
                             r"|\bst(\.volatile)?\.shared(::cta)?\.[\w.]*\s+\[\s*%r")
@@ -159,8 +160,8 @@ def drop_warpgroup_syncs(ptx: str) -> tuple[str, int]:
     sources = _branch_sources(lines)
     kept, dropped = [], 0
     for i, line in enumerate(lines):
-        following = _MBARRIER_WAIT_OR_ARRIVE.match(_next_instruction(lines, i))
-        if _WARPGROUP_SYNC.match(_code(line)) and following:
+        following = _WARPGROUP_SYNC.match(_code(line)) and _MBARRIER_WAIT_OR_ARRIVE.match(_next_instruction(lines, i))
+        if following:
             safe = _SAFE_BEFORE_ARRIVE if following.group(2) == "arrive" else _SAFE_BEFORE_WAIT
             before = _instructions_before(lines, i, sources)
             if before is not None and all(safe.match(text) for text in before):

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent
 FLAGS_FILE = ROOT / "build_flags.txt"
 GENERATED = ROOT / "build" / "generated"
 OBJECTS = ROOT / "build" / "obj"  # one folder per toolchain: switching keeps both builds
+PRECOMPILED = ROOT / "csrc" / "precompiled_headers.h"
 
 
 def read_build_flags(path=FLAGS_FILE):
@@ -96,10 +98,42 @@ def stale_reason(target, record_file, record, inputs):
 
 class Objects:
     """One object per source: build/obj/<toolchain>/<name>.o, its depfile <name>.o.d and
-    the command line it was compiled with, <name>.o.json."""
+    the command line it was compiled with, <name>.o.json. Every source starts with
+    csrc/precompiled_headers.h, compiled once into build/obj/<toolchain>/precompiled_headers.h.gch
+    (the name beside an -include'd header where g++ and clang both look for it; without a usable
+    one they read the header itself): an object is stale when that file is newer."""
 
     def __init__(self, cxx, flags, identity, force, folder):
-        self.cxx, self.flags, self.identity, self.force, self.folder = cxx, flags, identity, force, folder
+        self.cxx, self.identity, self.force, self.folder = cxx, identity, force, folder
+        self.header = folder / PRECOMPILED.name
+        self.precompiled = folder / (PRECOMPILED.name + ".gch")
+        self.base_flags = flags
+        self.flags = flags + ["-include", str(self.header)]
+
+    def precompile(self):
+        """Compiles the headers when they, a header they include or the command line changed;
+        True when it did."""
+        if not self.header.exists() or self.header.read_bytes() != PRECOMPILED.read_bytes():
+            shutil.copyfile(PRECOMPILED, self.header)  # a copy beside its compiled form
+        depfile, record_file = self.folder / "precompiled_headers.d", self.folder / "precompiled_headers.json"
+        command = self.cxx + self.base_flags + ["-x", "c++-header", "-MMD", "-MF", str(depfile), str(self.header),
+                                                "-o", str(self.precompiled)]
+        record = {"command": command, "compiler": self.identity}
+        try:
+            inputs = read_depfile(depfile)
+        except OSError:
+            inputs = [depfile]
+        why = "forced" if self.force else stale_reason(self.precompiled, record_file, record, inputs)
+        if why is None:
+            return False
+        print(f"fattn: compiling {shown(PRECOMPILED)} once for every object ({why})", flush=True)
+        record_file.unlink(missing_ok=True)
+        started = time.time_ns()
+        if subprocess.run(command).returncode != 0:
+            raise CompileError(f"fattn: compiling {shown(PRECOMPILED)} failed")
+        os.utime(self.precompiled, ns=(started, started))
+        record_file.write_text(json.dumps(record))
+        return True
 
     def paths(self, src):
         obj = self.folder / (shown(src).replace("/", "_") + ".o")
@@ -119,6 +153,7 @@ class Objects:
             inputs = [depfile]  # reported as gone
         if src.name == "kernel_table.cpp":
             inputs.append(GENERATED / "kernels.bin")  # .incbin: invisible to the depfile
+        inputs.append(self.precompiled)  # the depfile names the header, not its compiled form
         return stale_reason(obj, record_file, self.record(src), inputs)
 
     def record(self, src):
@@ -198,6 +233,7 @@ class BuildFattn(build_ext):
             say(f"fattn: this build holds the minimal kernel set for a machine without a GPU; {dev_grid.HINT}")
 
     def _compile(self, objects, sources, jobs):
+        objects.precompile()
         stale = [(src, why) for src in sources if (why := objects.why_compile(src))]
         if not stale:
             print(f"fattn: all {len(sources)} objects up to date", flush=True)

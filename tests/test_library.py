@@ -31,8 +31,11 @@ def test_system_needs_match_the_toolchain():
     ceiling, runtimes = elf.glibc_ceiling(library), elf.compiler_runtimes(library)
     if toolchain == "zig":  # the portable wheel: manylinux_2_28 at most, no compiler runtime
         assert ceiling <= (2, 28) and not runtimes, elf.describe(library)
-    elif toolchain == "gcc":  # a development build links the system's libstdc++
-        assert "libstdc++.so.6" in runtimes, elf.describe(library)
+    elif toolchain == "gcc":
+        # A development build links the system's C++ runtime: libstdc++, libgcc_s or both (a
+        # linker that drops unreferenced libraries, Ubuntu's default, kept only libgcc_s on the
+        # H200 machine's g++).
+        assert runtimes, elf.describe(library)
 
 
 def test_import_and_run_without_triton():

@@ -23,7 +23,6 @@ FATTN_COMPRESS (auto | fatbinary | none), FATTN_TOOLCHAIN (zig | gcc), CXX (gcc'
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -37,26 +36,12 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, LinkError
 
 ROOT = Path(__file__).resolve().parent
-FLAGS_FILE = ROOT / "build_flags.txt"
+sys.path.insert(0, str(ROOT))  # build_support and aot_build, from this tree
+from build_support.build_flags import read_build_flags  # noqa: E402
+
 GENERATED = ROOT / "build" / "generated"
 OBJECTS = ROOT / "build" / "obj"  # one folder per toolchain: switching keeps both builds
 PRECOMPILED = ROOT / "csrc" / "precompiled_headers.h"
-
-
-def read_build_flags(path=FLAGS_FILE):
-    """build_flags.txt as {key: [words]}; CMakeLists.txt parses it by the same rules."""
-    flags = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        key, sep, value = line.partition("=")
-        if ";" in line:  # CMake's file(STRINGS) would split the line there
-            raise ValueError(f"{path}:{number}: no ';' allowed, got {line!r}")
-        if not line or line.startswith("#"):
-            continue
-        if not sep or not re.fullmatch(r"[a-z_]+", key.strip()):
-            raise ValueError(f"{path}:{number}: expected `key = value`, got {line!r}")
-        flags[key.strip()] = shlex.split(value)
-    return flags
 
 
 def csrc_sources():
@@ -198,7 +183,6 @@ class BuildFattn(build_ext):
 
     def build_extension(self, ext):
         started = time.time()
-        sys.path.insert(0, str(ROOT))
         from aot_build import grid
         from aot_build.__main__ import build as aot_build
         from build_support import dev_grid, toolchain

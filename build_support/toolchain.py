@@ -87,3 +87,30 @@ def zig(flags: dict) -> Toolchain:
     script = ROOT / "".join(flags["portable_version_script"])
     return Toolchain("zig", [sys.executable, "-m", "ziglang", "c++", "-target", target],
                      flags["portable_link_options"] + [f"-Wl,--version-script={script}"])
+
+
+def warm(tool: Toolchain, folder: Path) -> None:
+    """Links an empty shared library with `tool`. zig builds its C++ runtime for the target on the
+    first link that needs it and caches it (about 90 s on one core): started early, beside work
+    that leaves a core idle, the library's own link later finds it built."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "empty.cpp"
+    source.write_text("int fattn_toolchain_warm_up() { return 0; }\n")
+    # The library's own link options too: the runtime is built once per set of them (-s among them).
+    command = tool.cxx + ["-shared", "-fPIC", str(source), "-o", str(folder / "libempty.so")] + tool.link_options
+    if subprocess.run(command).returncode != 0:
+        raise ToolchainError(f"fattn: linking an empty library with {tool.describe()} failed")
+
+
+if __name__ == "__main__":
+    # python -m build_support.toolchain warm: the portable toolchain's runtime built ahead (CI).
+    import time
+
+    from build_support.build_flags import read_build_flags
+
+    if sys.argv[1:] != ["warm"]:
+        sys.exit("usage: python -m build_support.toolchain warm")
+    started = time.time()
+    portable = zig(read_build_flags())
+    warm(portable, ROOT / "build" / "toolchain_warm_up")
+    print(f"fattn: {portable.describe()} ready in {time.time() - started:.0f}s", flush=True)

@@ -64,3 +64,13 @@ def test_wheels_default_to_zig_for_glibc_2_28():
 def test_tag_rounds_the_ceiling_up_to_a_manylinux_policy(monkeypatch, ceiling, tag):
     monkeypatch.setattr(elf, "glibc_ceiling", lambda path: max(ceiling, (2, 17)))
     assert elf.manylinux_tag("unused", "x86_64") == tag
+
+
+def test_warm_links_an_empty_library_with_the_toolchains_link_options(tmp_path):
+    # CI warms zig's runtime this way, ahead of the wheel; g++ stands in for zig here (the same
+    # command, seconds instead of minutes), and a bad link option must fail the warm-up.
+    gcc = toolchain.Toolchain("gcc", ["g++"], ["-s"])
+    toolchain.warm(gcc, tmp_path)
+    assert (tmp_path / "libempty.so").stat().st_size > 0
+    with pytest.raises(toolchain.ToolchainError, match="empty library"):
+        toolchain.warm(toolchain.Toolchain("gcc", ["g++"], ["-Wl,--no-such-option"]), tmp_path / "bad")

@@ -81,6 +81,25 @@ def stale_reason(target, record_file, record, inputs):
     return None
 
 
+def depfile_inputs(depfile):
+    """What a depfile names, or the depfile itself (reported as gone) before the first compile."""
+    try:
+        return read_depfile(depfile)
+    except OSError:
+        return [depfile]
+
+
+def compile_recorded(command, target, record_file, record, what):
+    """Runs a compile of `target` and records its command line once it succeeded; the target is
+    dated by the compile's start, so a header saved during the compile is newer."""
+    record_file.unlink(missing_ok=True)  # an interrupted compile must not look done
+    started = time.time_ns()
+    if subprocess.run(command).returncode != 0:
+        raise CompileError(f"fattn: compiling {shown(what)} failed")
+    os.utime(target, ns=(started, started))
+    record_file.write_text(json.dumps(record))
+
+
 class Objects:
     """One object per source: build/obj/<toolchain>/<name>.o, its depfile <name>.o.d and
     the command line it was compiled with, <name>.o.json. Every source starts with
@@ -96,29 +115,17 @@ class Objects:
         self.flags = flags + ["-include", str(self.header)]
 
     def precompile(self):
-        """Compiles the headers when they, a header they include or the command line changed;
-        True when it did."""
+        """Compiles the headers when they, a header they include or the command line changed."""
         if not self.header.exists() or self.header.read_bytes() != PRECOMPILED.read_bytes():
             shutil.copyfile(PRECOMPILED, self.header)  # a copy beside its compiled form
         depfile, record_file = self.folder / "precompiled_headers.d", self.folder / "precompiled_headers.json"
         command = self.cxx + self.base_flags + ["-x", "c++-header", "-MMD", "-MF", str(depfile), str(self.header),
                                                 "-o", str(self.precompiled)]
         record = {"command": command, "compiler": self.identity}
-        try:
-            inputs = read_depfile(depfile)
-        except OSError:
-            inputs = [depfile]
-        why = "forced" if self.force else stale_reason(self.precompiled, record_file, record, inputs)
-        if why is None:
-            return False
-        print(f"fattn: compiling {shown(PRECOMPILED)} once for every object ({why})", flush=True)
-        record_file.unlink(missing_ok=True)
-        started = time.time_ns()
-        if subprocess.run(command).returncode != 0:
-            raise CompileError(f"fattn: compiling {shown(PRECOMPILED)} failed")
-        os.utime(self.precompiled, ns=(started, started))
-        record_file.write_text(json.dumps(record))
-        return True
+        why = "forced" if self.force else stale_reason(self.precompiled, record_file, record, depfile_inputs(depfile))
+        if why is not None:
+            print(f"fattn: compiling {shown(PRECOMPILED)} once for every object ({why})", flush=True)
+            compile_recorded(command, self.precompiled, record_file, record, PRECOMPILED)
 
     def paths(self, src):
         obj = self.folder / (shown(src).replace("/", "_") + ".o")
@@ -132,10 +139,7 @@ class Objects:
         obj, depfile, record_file = self.paths(src)
         if self.force:
             return "forced"
-        try:
-            inputs = read_depfile(depfile)
-        except OSError:
-            inputs = [depfile]  # reported as gone
+        inputs = depfile_inputs(depfile)
         if src.name == "kernel_table.cpp":
             inputs.append(GENERATED / "kernels.bin")  # .incbin: invisible to the depfile
         inputs.append(self.precompiled)  # the depfile names the header, not its compiled form
@@ -146,13 +150,7 @@ class Objects:
 
     def compile(self, src):
         obj, _, record_file = self.paths(src)
-        record_file.unlink(missing_ok=True)  # an interrupted compile must not look done
-        started = time.time_ns()
-        if subprocess.run(self.command(src)).returncode != 0:
-            raise CompileError(f"fattn: compiling {shown(src)} failed")
-        # Dated by the compile's start, so a header saved during the compile is newer.
-        os.utime(obj, ns=(started, started))
-        record_file.write_text(json.dumps(self.record(src)))
+        compile_recorded(self.command(src), obj, record_file, self.record(src), src)
 
 
 def compile_flags(flags, torch_dir):

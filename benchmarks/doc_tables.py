@@ -123,6 +123,25 @@ def fp8_table(runs) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROFILES = RUNS / "profiles"
+PROFILE_FILES = ("forward_decode", "backward_fp8", "forward_fa4", "backward_fa4")
+
+
+def profiles_table(_runs) -> str:
+    """What bounds each row: benchmarks/profile_rows.py's table over the profiles of record."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from profile_rows import table
+
+    paths = [PROFILES / f"{name}.json" for name in PROFILE_FILES]
+    runs = [json.loads(p.read_text()) for p in paths]
+    run = runs[0]
+    fa4 = next((r["versions"]["flash_attn_4"] for r in runs if r["versions"].get("flash_attn_4")), "-")
+    files = ", ".join(f"`{p.relative_to(ROOT)}`" for p in paths)
+    return (f"{run['device']['name']}, torch {run['versions']['torch']}, fattn kernels by Triton "
+            f"{run['versions'].get('fattn_kernels_triton', '?')}, FA4 {fa4}, "
+            f"Nsight Compute, one call per row: {files}.\n\n" + table(paths) + "\n")
+
+
 TABLES = {
     # The front page: three lengths; docs/performance.md: every length the runs hold.
     "peers-h200": lambda r: caption(r, "forward", "backward") + peers_table(r, seqlens=(1024, 4096, 16384)),
@@ -130,6 +149,7 @@ TABLES = {
     "variants-h200": lambda r: caption(r, "variants") + variants_table(r),
     "decode-h200": lambda r: caption(r, "decode") + decode_table(r),
     "fp8-h200": lambda r: caption(r, "fp8") + fp8_table(r),
+    "profiles-h200": profiles_table,
 }
 
 

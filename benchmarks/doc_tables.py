@@ -124,7 +124,7 @@ def fp8_table(runs) -> str:
 
 
 PROFILES = RUNS / "profiles"
-PROFILE_FILES = ("forward_decode", "backward_fp8", "forward_fa4", "backward_fa4")
+PROFILE_FILES = ("forward_decode", "backward_fp8", "forward_fa4", "backward_fa4", "variants")
 
 
 def profiles_table(_runs) -> str:

@@ -50,7 +50,7 @@ METRIC_PATTERNS = [r"^gpu__time_duration\.sum$", r"^sm__throughput\.avg\.pct_of_
 TENSOR_METRIC = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"  # every tensor op, wgmma included
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: opens each row's profiled range
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ratio$")
-SETS = ("forward", "backward", "decode", "fp8")
+SETS = ("forward", "backward", "decode", "fp8", "variants")
 IMPLS = ("fattn", "sdpa_cudnn", "fa4")
 
 
@@ -71,10 +71,20 @@ def rows_of(sets: list[str]) -> list[dict]:
     if "fp8" in sets:
         rows += [dict(set="fp8", head_dim=d, seqlen=s, causal=c) for d in (128, 256) for c in (False, True)
                  for s in (4096, 8192, 16384)]
+    if "variants" in sets:  # bench_variants.py's rows against FA4: windows at 16k causal, softcap 30 at 8k
+        for direction in ("forward", "backward"):
+            rows += [dict(set="variants", direction=direction, head_dim=128, seqlen=16384, causal=True, window=w,
+                          softcap=0.0) for w in (1024, 4096)]
+            rows += [dict(set="variants", direction=direction, head_dim=128, seqlen=8192, causal=c, window=-1,
+                          softcap=30.0) for c in (False, True)]
     return rows
 
 
 def row_name(row: dict) -> str:
+    if row["set"] == "variants":
+        what = f"window {row['window']}" if row["window"] >= 0 else f"softcap {row['softcap']:g}"
+        return (f"{row['direction']} {what} (d{row['head_dim']} {row['seqlen'] // 1024}k"
+                f"{' causal' if row['causal'] else ''})")
     if row["set"] == "decode":
         return f"decode b{row['batch']} {row['context'] // 1024}k{' paged' if row['paged'] else ''}"
     return f"{row['set']} d{row['head_dim']} {row['seqlen'] // 1024}k {'causal' if row['causal'] else 'non-causal'}"
@@ -87,6 +97,8 @@ def impls_of(row: dict, impls: list[str]) -> list[str]:
         return ["fattn_fp8", "fattn"]
     if row["set"] == "decode":
         return ["fattn"] if row["paged"] else [i for i in impls if i != "fa4"]
+    if row["set"] == "variants":  # SDPA has neither a sliding window nor a softcap
+        return [i for i in impls if i != "sdpa_cudnn"]
     return impls
 
 
@@ -99,9 +111,15 @@ def attention_call(row, impl):
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     if impl == "fattn_fp8":
         fn = fp8_impls(q, k, v, causal)["fattn-fp8-e4m3"]
+    elif row["set"] == "variants":  # as bench_variants.py calls them
+        import fattn
+        from common import fa4_peer
+        options = dict(softcap=row["softcap"]) if row["softcap"] else dict(window_size=(row["window"], 0))
+        call = fattn.flash_attn_func if impl == "fattn" else fa4_peer("cuda")
+        fn = (lambda q, k, v, *_: call(q, k, v, causal=causal, **options))
     else:
         fn = make_impls(causal, False, "cuda", use_fa4=impl == "fa4")[impl]
-    direction = "backward" if row["set"] == "backward" else "forward"
+    direction = row.get("direction") or ("backward" if row["set"] == "backward" else "forward")
     return timed_call(fn, direction, (q, k, v, qt, kt, vt))
 
 
@@ -255,7 +273,7 @@ def tensor_metrics(ncu: str) -> list[str]:
 
 # Whom each set's rows are measured against: the faster of these under ncu.
 PEERS = {"forward": ("fa4", "sdpa_cudnn"), "backward": ("fa4", "sdpa_cudnn"), "decode": ("sdpa_cudnn",),
-         "fp8": ("fattn",)}
+         "fp8": ("fattn",), "variants": ("fa4",)}
 
 
 def kernel_time_us(k: dict) -> float:

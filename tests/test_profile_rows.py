@@ -88,9 +88,10 @@ def test_the_stored_form_reads_back_and_the_table_names_each_bound(tmp_path):
 
 
 def test_every_row_of_the_runs_of_record_is_profiled():
-    """The profiles of record hold every training, decode and FP8 row, with fattn and its peers."""
+    """The profiles of record hold every training, decode, FP8 and variant row, with fattn and its peers."""
     folder = ROOT / "benchmarks" / "results" / "peers_h200" / "profiles"
-    paths = [folder / f"{name}.json" for name in ("forward_decode", "backward_fp8", "forward_fa4", "backward_fa4")]
+    paths = [folder / f"{name}.json" for name in ("forward_decode", "backward_fp8", "forward_fa4", "backward_fa4",
+                                                  "variants")]
     rows = profile_rows.grouped(paths)
     expected = profile_rows.rows_of(list(profile_rows.SETS))
     assert sorted(rows) == sorted(profile_rows.row_name(r) for r in expected)

@@ -298,26 +298,38 @@ def test_bench_context_parallel_times_the_ring_and_the_all_to_all_under_gloo(tmp
         assert r["efficiency_vs_single_gpu"] == pytest.approx(rows[0]["ms"] / (2 * r["ms"]))
 
 
+CUDA_STUDIES = {"kernel_times": ["--head-dims", "64"], "paged_decode_gap": []}
+HOPPER_SCRIPTS = ["studies/hopper_forward_ab", "studies/hopper_backward_ab", "studies/forward_programs",
+                  "studies/forward_timeline", "studies/forward_host_maps", "studies/backward_streams_ab", "revision_ab"]
+
+
+@pytest.fixture(scope="module")
+def refusals():
+    """Every GPU-only study run as a program, all in one process (each alone paid torch's import)."""
+    from helpers.scripts import run_scripts
+
+    scripts = [] if torch.cuda.is_available() else [(ROOT / "benchmarks" / "studies" / f"{s}.py", a)
+                                                    for s, a in CUDA_STUDIES.items()]
+    scripts += [(ROOT / "benchmarks" / f"{s}.py", []) for s in HOPPER_SCRIPTS]
+    return run_scripts(scripts)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs where there is no GPU (it checks the refusal there)")
-@pytest.mark.parametrize("study,args", [("kernel_times", ["--head-dims", "64"]), ("paged_decode_gap", [])])
-def test_cuda_studies_refuse_a_machine_without_cuda(study, args):
+@pytest.mark.parametrize("study", list(CUDA_STUDIES))
+def test_cuda_studies_refuse_a_machine_without_cuda(study, refusals):
     # They time CUDA kernels (kernel_times: the benchmark CLI's callables under the profiler;
     # paged_decode_gap: the op and the JIT launcher's decode); without a GPU they stop with that
     # reason, after importing what they launch (a renamed one fails here, not on the next GPU run).
-    script = ROOT / "benchmarks" / "studies" / f"{study}.py"
-    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and f"{study} needs a CUDA GPU" in result.stderr, result.stdout + result.stderr
+    code, stderr = refusals[str(ROOT / "benchmarks" / "studies" / f"{study}.py")]
+    assert code == 1 and f"{study} needs a CUDA GPU" in stderr, stderr
 
 
-@pytest.mark.parametrize("script", ["studies/hopper_forward_ab", "studies/hopper_backward_ab",
-                                    "studies/forward_programs", "studies/forward_timeline", "studies/forward_host_maps",
-                                    "studies/backward_streams_ab", "revision_ab"])
-def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script):
+@pytest.mark.parametrize("script", HOPPER_SCRIPTS)
+def test_hopper_ab_scripts_refuse_a_machine_without_hopper(script, refusals):
     # They time sm_90a code; elsewhere they stop with a usage error, after importing every
     # kernel and spec they launch (a renamed one fails here, not on the next GPU run).
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 2 and "needs a Hopper GPU" in result.stderr, result.stdout + result.stderr
+    code, stderr = refusals[str(ROOT / "benchmarks" / f"{script}.py")]
+    assert code == 2 and "needs a Hopper GPU" in stderr, stderr
 
 
 def test_forward_timeline_clocks_fit_the_kernel_as_it_is():

@@ -127,12 +127,23 @@ PROFILES = RUNS / "profiles"
 PROFILE_FILES = ("forward_decode", "backward_fp8", "forward_fa4", "backward_fa4", "variants")
 
 
+def _profiles():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import profile_rows
+
+    return profile_rows, [PROFILES / f"{name}.json" for name in PROFILE_FILES]
+
+
+def profiles_mix_table(_runs) -> str:
+    """fattn's instructions over the faster peer's, in all and by pipe (profile_rows.mix_table)."""
+    profile_rows, paths = _profiles()
+    return profile_rows.mix_table(paths) + "\n"
+
+
 def profiles_table(_runs) -> str:
     """What bounds each row: benchmarks/profile_rows.py's table over the profiles of record."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from profile_rows import table
-
-    paths = [PROFILES / f"{name}.json" for name in PROFILE_FILES]
+    profile_rows, paths = _profiles()
+    table = profile_rows.table
     runs = [json.loads(p.read_text()) for p in paths]
     run = runs[0]
     fa4 = next((r["versions"]["flash_attn_4"] for r in runs if r["versions"].get("flash_attn_4")), "-")
@@ -150,6 +161,7 @@ TABLES = {
     "decode-h200": lambda r: caption(r, "decode") + decode_table(r),
     "fp8-h200": lambda r: caption(r, "fp8") + fp8_table(r),
     "profiles-h200": profiles_table,
+    "profiles-mix-h200": profiles_mix_table,
 }
 
 

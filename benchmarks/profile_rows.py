@@ -39,6 +39,11 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
             "LaunchStats", "Occupancy"]
 # The raw metric names kept per kernel (the sections collect several hundred).
+# The pipes whose instruction counts tell the kernels' work apart: uniform (the warp-uniform
+# datapath: loop counters, addresses, barrier and mbarrier bookkeeping), adu (branches, CTA
+# barriers, constant loads), fma and alu (FP32 and integer arithmetic), xu (exp2, conversions),
+# lsu (shared and global memory), the warpgroup MMA.
+PIPES = ("uniform", "adu", "fma", "alu", "xu", "lsu", "tensor_op_gmma")
 METRIC_PATTERNS = [r"^gpu__time_duration\.sum$", r"^sm__throughput\.avg\.pct_of_peak_sustained_elapsed$",
                    r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$", r"^dram__bytes\.sum\.per_second$",
                    r"^lts__t_sector_hit_rate\.pct$", r"^smsp__average_warp_latency_per_inst_issued\.ratio$",
@@ -46,7 +51,9 @@ METRIC_PATTERNS = [r"^gpu__time_duration\.sum$", r"^sm__throughput\.avg\.pct_of_
                    r"^smsp__issue_active\.avg\.per_cycle_active$", r"^sm__warps_active\.avg\.pct_of_peak_sustained_active$",
                    r"^sm__pipe_tensor\S*_cycles_active\.avg\.pct_of_peak_sustained_active$",
                    r"^launch__(registers_per_thread|grid_size|block_size|shared_mem_per_block_allocated)$",
-                   r"^derived__local_spilling_requests$", r"^sass__inst_executed_register_spilling$"]
+                   r"^derived__local_spilling_requests$", r"^sass__inst_executed_register_spilling$",
+                   r"^sass__inst_executed_per_opcode$", rf"^sm__inst_executed_pipe_({'|'.join(PIPES)})\.avg\."
+                   r"pct_of_peak_sustained_elapsed$"]
 TENSOR_METRIC = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"  # every tensor op, wgmma included
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: opens each row's profiled range
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ratio$")
@@ -318,6 +325,41 @@ def per_tensor(s: dict) -> str:
     return "-" if not s["issue_pct"] or not s["tensor_pct"] else f"{s['issue_pct'] / s['tensor_pct']:.2f}"
 
 
+def instructions(entry: dict) -> dict | None:
+    """The call's instructions executed, in all and by pipe (all its kernels). ncu gives each
+    pipe's count as a share of its peak over the kernel's elapsed cycles, so the count is that
+    share times the kernel's time (at the clocks of the run, which two calls share): comparable
+    between two calls, pipe by pipe, not across pipes."""
+    kernels = entry.get("kernels") or []
+    if not kernels:
+        return None
+    total = sum(k["metrics"].get("sass__inst_executed_per_opcode") or 0 for k in kernels)
+    by_pipe = {p: sum((k["metrics"].get(f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_elapsed") or 0)
+                      * kernel_time_us(k) for k in kernels) for p in PIPES}
+    return {"total": total, **by_pipe} if total else None
+
+
+def mix_table(paths: list[Path]) -> str:
+    """Training and variant rows: fattn's instructions over the faster peer's, in all and by pipe."""
+    rows = grouped(paths)
+    lines = ["| row | faster peer | fattn instructions (M) | over the peer's | " + " | ".join(PIPES) + " |",
+             "|" + "---|" * (4 + len(PIPES))]
+    for name, (row, impls) in rows.items():
+        if row["set"] not in ("forward", "backward", "variants") or "fattn" not in impls:
+            continue
+        peers = [(p, summary(impls[p])) for p in PEERS[row["set"]] if p in impls and impls[p].get("kernels")]
+        if not peers:
+            continue
+        peer = min(peers, key=lambda x: x[1]["total_us"])[0]
+        ours, theirs = instructions(impls["fattn"]), instructions(impls[peer])
+        if not ours or not theirs:
+            continue
+        ratio = (lambda p: "-" if not theirs[p] else f"{ours[p] / theirs[p]:.2f}")
+        lines.append(f"| {name} | {peer} | {ours['total'] / 1e6:.0f} | {ratio('total')} | "
+                     + " | ".join(ratio(p) for p in PIPES) + " |")
+    return "\n".join(lines)
+
+
 def grouped(paths: list[Path]) -> dict:
     """{row name: (row, {impl: entry})}, in the order the files hold them."""
     rows = {}
@@ -388,6 +430,8 @@ def main(argv=None):
     sys.path.insert(0, str(HERE))
     if args.table:
         print(table(args.table))
+        print()
+        print(mix_table(args.table))
         return
     if args.reread:
         run = json.loads(args.reread.read_text())

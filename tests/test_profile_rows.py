@@ -109,3 +109,24 @@ def test_dry_run_lists_the_rows_and_the_ncu_command():
     assert lines[0] == "forward d64 1k non-causal | fattn, sdpa_cudnn"
     assert "fp8 d256 16k causal | fattn_fp8, fattn" in lines
     assert len(lines) == 20 + 12 + 1 and lines[-1].startswith("ncu --profile-from-start off")
+
+
+def test_instruction_mix_compares_each_pipe_by_share_times_time(tmp_path):
+    row = dict(set="backward", head_dim=64, seqlen=4096, causal=False, error=None, marked=True)
+
+    def kernel(us, total, **pipes):
+        metrics = {TIME: us * 1e3, "sass__inst_executed_per_opcode": total}
+        metrics.update({f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_elapsed": v for p, v in pipes.items()})
+        return {"name": "k", "metrics": metrics}
+    entries = [dict(row, impl="fattn", kernels=[kernel(300, 6e8, uniform=20.0, xu=10.0), kernel(100, 2e8, uniform=0.0)]),
+               dict(row, impl="fa4", kernels=[kernel(200, 4e8, uniform=10.0, xu=20.0)]),
+               dict(row, impl="sdpa_cudnn", kernels=[kernel(500, 1e8, uniform=1.0, xu=1.0)])]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(profile_rows.packed(entries, {})))
+    line = profile_rows.mix_table([path]).splitlines()[2]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    pipes = dict(zip(profile_rows.PIPES, cells[4:]))
+    # The faster peer (fa4, 200 us) is the one compared; 800M over 400M instructions; uniform
+    # 20 % of 300 us against 10 % of 200 us; exp2 10 % of 300 us against 20 % of 200 us.
+    assert cells[:4] == ["backward d64 4k non-causal", "fa4", "800", "2.00"]
+    assert pipes["uniform"] == "3.00" and pipes["xu"] == "0.75" and pipes["fma"] == "-"

@@ -143,14 +143,13 @@ def profiles_mix_table(_runs) -> str:
 def profiles_table(_runs) -> str:
     """What bounds each row: benchmarks/profile_rows.py's table over the profiles of record."""
     profile_rows, paths = _profiles()
-    table = profile_rows.table
     runs = [json.loads(p.read_text()) for p in paths]
-    run = runs[0]
+    versions = runs[0]["versions"]
     fa4 = next((r["versions"]["flash_attn_4"] for r in runs if r["versions"].get("flash_attn_4")), "-")
     files = ", ".join(f"`{p.relative_to(ROOT)}`" for p in paths)
-    return (f"{run['device']['name']}, torch {run['versions']['torch']}, fattn kernels by Triton "
-            f"{run['versions'].get('fattn_kernels_triton', '?')}, FA4 {fa4}, "
-            f"Nsight Compute, one call per row: {files}.\n\n" + table(paths) + "\n")
+    return (f"{runs[0]['device']['name']}, torch {versions['torch']}, fattn kernels by Triton "
+            f"{versions.get('fattn_kernels_triton', '?')}, FA4 {fa4}, "
+            f"Nsight Compute, one call per row: {files}.\n\n" + profile_rows.table(paths) + "\n")
 
 
 TABLES = {

@@ -1,26 +1,29 @@
 """What bounds each row of the speed bars: Nsight Compute over one call of fattn and of each peer,
-for every row of the forward, backward, decode and FP8 runs of record.
+for every row of the forward, backward, decode, FP8 and variant (window, softcap) runs of record.
 
-    python benchmarks/profile_rows.py --sets forward,backward --impls fattn,sdpa_cudnn \\
-        --out benchmarks/results/peers_h200/profiles/training.json
-    python benchmarks/profile_rows.py --sets decode,fp8 --impls fattn,sdpa_cudnn --out .../serving.json
+    python benchmarks/profile_rows.py --sets forward,decode --impls fattn,sdpa_cudnn \\
+        --out benchmarks/results/peers_h200/profiles/forward_decode.json
+    python benchmarks/profile_rows.py --sets backward --impls fa4 --out .../backward_fa4.json
     python benchmarks/profile_rows.py --table benchmarks/results/peers_h200/profiles/*.json
     python benchmarks/profile_rows.py --dry-run --sets forward     # the row list; no GPU needed
 
 The rows are the benchmark CLIs' own shapes (bench_attention.py: bf16, 16k tokens per step, hidden
 2048; bench_decode.py: 32 query heads over 8 KV heads, d128, one token; the FP8 rows: e4m3 with a
-descale per sequence and head). One process runs them all under ncu (`--profile-from-start off`):
-each row's call runs twice outside the profiled range (module loads, FA4's compiles, cuDNN's plan),
-then once inside a cudaProfilerStart/Stop range opened by a marker kernel (torch.cuda._sleep), so
-the kernels after marker i are row i's. The backward's range holds the gradient computation
-only (autograd.grad of a kept forward graph, as bench_attention.py times it).
+descale per sequence and head; bench_variants.py's window and softcap rows). One process runs them
+all under ncu (`--profile-from-start off`): each row's call runs twice outside the profiled range
+(module loads, FA4's compiles, cuDNN's plan), then once inside a cudaProfilerStart/Stop range
+opened by a marker kernel (torch.cuda._sleep), so the kernels after marker i are row i's. The
+backward's range holds the gradient computation only (autograd.grad of a kept forward graph, as
+bench_attention.py times it).
 
 Each kernel keeps the metrics that say what bounds it (METRIC_PATTERNS, ncu's raw names): time,
 the SMs' and DRAM's throughput, the tensor pipe's busy cycles, the L2 hit rate, cycles between a
-warp's instructions and what they were stalled on, registers and spills. --table prints, per row
-and implementation, the longest kernel's figures and the bound they point to (`bound_of`).
-Clocks are left to the GPU (--clock-control none), as in the timed runs, so durations compare with
-the JSON results; ncu serialises kernels, so they are a single call's, not the steady state's.
+warp's instructions and what they were stalled on, registers, spills, and the instructions
+executed, in all and by pipe. --table prints two tables: per row, fattn's call against the faster
+peer's and the bound its longest kernel points to (`bound_of`); and each call's instructions over
+the faster peer's (`mix_table`). Clocks are left to the GPU (--clock-control none), as in the
+timed runs, so durations compare with the JSON results; ncu serialises kernels, so they are a
+single call's, not the steady state's.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
             "LaunchStats", "Occupancy"]
-# The raw metric names kept per kernel (the sections collect several hundred).
 # The pipes whose instruction counts tell the kernels' work apart: uniform (the warp-uniform
 # datapath: loop counters, addresses, barrier and mbarrier bookkeeping), adu (branches, CTA
 # barriers, constant loads), fma and alu (FP32 and integer arithmetic), xu (exp2, conversions),
 # lsu (shared and global memory), the warpgroup MMA.
 PIPES = ("uniform", "adu", "fma", "alu", "xu", "lsu", "tensor_op_gmma")
+# The raw metric names kept per kernel (the sections collect several hundred).
 METRIC_PATTERNS = [r"^gpu__time_duration\.sum$", r"^sm__throughput\.avg\.pct_of_peak_sustained_elapsed$",
                    r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$", r"^dram__bytes\.sum\.per_second$",
                    r"^lts__t_sector_hit_rate\.pct$", r"^smsp__average_warp_latency_per_inst_issued\.ratio$",
@@ -203,9 +206,7 @@ def number(text: str):
 
 
 def kept(name: str, value) -> bool:
-    """METRIC_PATTERNS' metrics, less the stall reasons that cost a warp under 0.05 cycles."""
-    if not any(re.search(p, name) for p in METRIC_PATTERNS):
-        return False
+    """Of METRIC_PATTERNS' metrics, all but the stall reasons that cost a warp under 0.05 cycles."""
     return not (STALL.match(name) and isinstance(value, float) and value < 0.05)
 
 
@@ -339,6 +340,12 @@ def instructions(entry: dict) -> dict | None:
     return {"total": total, **by_pipe} if total else None
 
 
+def faster_peer(row: dict, impls: dict) -> tuple[str, dict] | tuple[None, None]:
+    """(name, summary) of the faster of the row's peers (PEERS) that ran, by their call's time."""
+    peers = [(p, summary(impls[p])) for p in PEERS[row["set"]] if p in impls]
+    return min(((p, s) for p, s in peers if s), key=lambda x: x[1]["total_us"], default=(None, None))
+
+
 def mix_table(paths: list[Path]) -> str:
     """Training and variant rows: fattn's instructions over the faster peer's, in all and by pipe."""
     rows = grouped(paths)
@@ -347,10 +354,9 @@ def mix_table(paths: list[Path]) -> str:
     for name, (row, impls) in rows.items():
         if row["set"] not in ("forward", "backward", "variants") or "fattn" not in impls:
             continue
-        peers = [(p, summary(impls[p])) for p in PEERS[row["set"]] if p in impls and impls[p].get("kernels")]
-        if not peers:
+        peer = faster_peer(row, impls)[0]
+        if peer is None:
             continue
-        peer = min(peers, key=lambda x: x[1]["total_us"])[0]
         ours, theirs = instructions(impls["fattn"]), instructions(impls[peer])
         if not ours or not theirs:
             continue
@@ -386,9 +392,7 @@ def table(paths: list[Path]) -> str:
         peer_impls = dict(impls)
         if row["set"] == "decode" and row["paged"]:
             peer_impls.update(rows.get(name.replace(" paged", ""), (None, {}))[1])
-        peers = [(p, summary(peer_impls[p])) for p in PEERS[row["set"]] if p in peer_impls]
-        peers = [(p, ps) for p, ps in peers if ps]
-        p, ps = min(peers, key=lambda x: x[1]["total_us"]) if peers else (None, None)
+        p, ps = faster_peer(row, peer_impls)
         stalls = ", ".join(f"{n} {v:.1f}" for n, v in s["stalls"])
         peer = (f"{p} {ps['total_us']:.0f} | {ps['total_us'] / s['total_us']:.2f} | {f(ps['tensor_pct'])}, "
                 f"{f(ps['dram_pct'])}, {f(ps['issue_pct'])} ({per_tensor(ps)})") if ps else "- | - | -"
@@ -463,8 +467,6 @@ def main(argv=None):
     run = subprocess.run(command)
     kernels, units = read_raw_csv(log.read_text())
     entries = assign_kernels(json.loads(manifest.read_text()), kernels)
-    import torch
-
     from common import device_info, versions
     out.write_text(json.dumps({"benchmark": "profile_rows", "device": device_info("cuda"), "versions": versions(),
                                "config": {"sets": args.sets, "impls": args.impls, "sections": SECTIONS,
@@ -472,7 +474,7 @@ def main(argv=None):
                                **packed(entries, units)}))
     manifest.unlink()
     print(table([out]))
-    print(f"wrote {out} (ncu rc {run.returncode}; torch {torch.__version__})")
+    print(f"wrote {out} (ncu rc {run.returncode})")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ if str(ROOT) not in sys.path:
 
 
 # The slow tier's costliest files, costliest first (--durations on the 2-core CI machine: the
-# interpreted kernels and the CMake build 150-160 s each, the rest 40-120 s). Collected first, so
-# that with files spread over the workers (CI's --dist loadfile --no-loadscope-reorder) the long
-# ones start at once, rather than one ending alone while the other worker has finished. Order only.
+# interpreted attention kernels 160-210 s, the CMake build 75 s alone, the rest 40-120 s).
+# Collected first, so that with files spread over the workers (CI's --dist loadfile
+# --no-loadscope-reorder) the long ones start at once, rather than one ending alone while the
+# other worker has finished. Order only.
 COSTLIEST_FILES = ["test_attention_kernels_interpreted.py", "test_cpp_example.py", "test_context_parallel_cpu.py",
                    "test_tools.py", "test_aot_build.py", "test_decode_kernels_interpreted.py", "test_ring_cpu.py",
                    "test_op_samples.py"]
